@@ -1,0 +1,5 @@
+"""``python -m gateway`` is the ``goclaw`` command."""
+
+from gateway.cli import main
+
+main()

@@ -1,0 +1,242 @@
+"""The ``goclaw`` command: serve, config, db, users, pairing, chat, memory."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gateway.config import Config, find_config_path, load_config
+from gateway.db import make_engine, upgrade
+from gateway.errors import ConfigError, DatabaseUnavailable, GoclawError
+from pairing.store import PairingError, PairingStore
+
+app = typer.Typer(help="goclaw: a chat gateway whose agent learns safely.", no_args_is_help=True, add_completion=False)
+config_app = typer.Typer(help="Check the configuration.", no_args_is_help=True)
+db_app = typer.Typer(help="Database migrations.", no_args_is_help=True)
+users_app = typer.Typer(help="People and their roles.", no_args_is_help=True)
+pairing_app = typer.Typer(help="Pending pairing codes.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(db_app, name="db")
+app.add_typer(users_app, name="users")
+app.add_typer(pairing_app, name="pairing")
+
+out = Console()
+err = Console(stderr=True, soft_wrap=True)
+T = TypeVar("T")
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="Config file (else $GOCLAW_CONFIG, else ./config.yaml).")
+JsonOpt = typer.Option(False, "--json", help="Print JSON.")
+
+
+def fail(message: str) -> typer.Exit:
+    """Print a one-line error and return the exit to raise (code 2)."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def cli_errors(fn: Callable[..., T]) -> Callable[..., T]:
+    """Turn our errors into one line on stderr and exit code 2; never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as exc:
+            for problem in exc.problems:
+                err.print(f"[bold red]error:[/] {exc.path + ': ' if exc.path else ''}{problem}", highlight=False)
+            raise typer.Exit(2) from None
+        except (GoclawError, PairingError, ValueError) as exc:
+            raise fail(str(exc)) from None
+
+    return wrapper
+
+
+def load(config: str | None) -> Config:
+    """Load the config from the usual places, printing retired-setting warnings."""
+    cfg = load_config(find_config_path(config))
+    for warning in cfg.warnings:
+        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    return cfg
+
+
+def run_with_store(config: str | None, body: Callable[[PairingStore], Awaitable[T]]) -> T:
+    """Open the database (migrating it), run ``body`` with the pairing store, close."""
+    cfg = load(config)
+
+    async def go() -> T:
+        engine = make_engine(cfg.database.url)
+        try:
+            await upgrade(engine)
+            return await body(PairingStore(engine))
+        finally:
+            await engine.dispose()
+
+    return run(go())
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine, mapping database failures to one line."""
+    try:
+        return asyncio.run(coro)
+    except DatabaseUnavailable as exc:
+        raise fail(str(exc)) from None
+
+
+def print_json(value: Any) -> None:
+    """JSON to stdout, unstyled (for scripts)."""
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+# ---- serve / config / db ----------------------------------------------------------------
+
+
+@app.command()
+@cli_errors
+def serve(config: str | None = ConfigOpt) -> None:
+    """Run the gateway: migrations, web server, enabled channels, memory worker."""
+    from gateway.server import serve_forever
+
+    cfg = load(config)
+    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for warning in cfg.warnings:
+        logging.getLogger("goclaw").warning(warning)
+    try:
+        asyncio.run(serve_forever(cfg))
+    except KeyboardInterrupt:
+        pass
+    except DatabaseUnavailable as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"cannot listen on {cfg.server.host}:{cfg.server.port}: {exc.strerror}; set server.port") from None
+
+
+@config_app.command("check")
+@cli_errors
+def config_check(config: str | None = ConfigOpt) -> None:
+    """Validate the config; print OK or every problem (exit 2)."""
+    path = find_config_path(config)
+    cfg = load(config)
+    out.print(f"OK: {path} (llm: {cfg.llm.provider}, database: {cfg.database.url.split('://')[0]})", highlight=False)
+
+
+@db_app.command("upgrade")
+@cli_errors
+def db_upgrade(config: str | None = ConfigOpt) -> None:
+    """Apply every pending migration."""
+    cfg = load(config)
+
+    async def go() -> None:
+        engine = make_engine(cfg.database.url)
+        try:
+            await upgrade(engine)
+        finally:
+            await engine.dispose()
+
+    run(go())
+    out.print("database is up to date")
+
+
+# ---- users ------------------------------------------------------------------------------
+
+
+@users_app.command("add")
+@cli_errors
+def users_add(
+    name: str = typer.Option(..., "--name", help="The person's display name."),
+    role: str = typer.Option(..., "--role", help="admin or user."),
+    link: list[str] = typer.Option([], "--link", help="CHANNEL:PLATFORM_ID to link (repeatable)."),
+    as_json: bool = JsonOpt,
+    config: str | None = ConfigOpt,
+) -> None:
+    """Add a person with a role, optionally linked to platform identities."""
+    user = run_with_store(config, lambda s: s.add_user(name, role, links=link, by="operator"))
+    if as_json:
+        print_json({"id": user.id})
+    else:
+        out.print(user.id)
+
+
+@users_app.command("list")
+@cli_errors
+def users_list(as_json: bool = JsonOpt, config: str | None = ConfigOpt) -> None:
+    """Everyone, with their role and linked identities."""
+    users = run_with_store(config, lambda s: s.list_users())
+    if as_json:
+        print_json([u.as_json() for u in users])
+        return
+    table = Table("id", "name", "role", "identities", "created")
+    for u in users:
+        table.add_row(u.id, u.display_name, u.role.value, ", ".join(u.identities), f"{u.created_at:%Y-%m-%d %H:%M}")
+    out.print(table)
+
+
+@users_app.command("role")
+@cli_errors
+def users_role(user_id: str, role: str, config: str | None = ConfigOpt) -> None:
+    """Change a person's role (recorded with who and when)."""
+    user = run_with_store(config, lambda s: s.set_role(user_id, role, by="operator"))
+    out.print(f"{user.id} ({user.display_name}) now has role {user.role.value}", highlight=False)
+
+
+@users_app.command("link")
+@cli_errors
+def users_link(user_id: str, identity: str, config: str | None = ConfigOpt) -> None:
+    """Link CHANNEL:PLATFORM_ID to an existing person."""
+    user = run_with_store(config, lambda s: s.link(user_id, identity))
+    out.print(f"{user.id} is linked to {', '.join(user.identities)}", highlight=False)
+
+
+# ---- pairing ----------------------------------------------------------------------------
+
+
+@pairing_app.command("list")
+@cli_errors
+def pairing_list(as_json: bool = JsonOpt, config: str | None = ConfigOpt) -> None:
+    """Pending, unexpired pairing codes."""
+    pending = run_with_store(config, lambda s: s.list_pending())
+    if as_json:
+        print_json([p.as_json() for p in pending])
+        return
+    if not pending:
+        out.print("no pending pairing requests")
+        return
+    table = Table("channel", "code", "platform id", "name", "expires (UTC)")
+    for p in pending:
+        table.add_row(p.channel, p.code, p.platform_user_id, p.display_name, f"{p.expires_at:%Y-%m-%d %H:%M}")
+    out.print(table)
+
+
+@pairing_app.command("approve")
+@cli_errors
+def pairing_approve(
+    channel: str,
+    code: str,
+    role: str = typer.Option("user", "--role", help="user or admin."),
+    user: str | None = typer.Option(None, "--user", help="Link to this existing user instead of creating one."),
+    config: str | None = ConfigOpt,
+) -> None:
+    """Approve a pairing code: a new person with --role, or linked to --user."""
+    view = run_with_store(config, lambda s: s.approve(channel.lower(), code, role=role, user_id=user, by="operator"))
+    out.print(f"approved: {view.id} ({view.display_name}), role {view.role.value}", highlight=False)
+
+
+@pairing_app.command("reject")
+@cli_errors
+def pairing_reject(channel: str, code: str, config: str | None = ConfigOpt) -> None:
+    """Reject a pairing code."""
+    req = run_with_store(config, lambda s: s.reject(channel.lower(), code, by="operator"))
+    out.print(f"rejected {req.code} from {req.display_name}", highlight=False)
+
+
+def main() -> None:
+    """Entry point of the ``goclaw`` console script."""
+    app()

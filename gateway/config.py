@@ -1,0 +1,380 @@
+"""The operator's YAML config, validated by pydantic models.
+
+Errors name the dotted key path and its line in the file, with a did-you-mean
+for a misspelt key. Secrets are ``${ENV_VAR}`` references resolved at load and
+held as ``SecretStr``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from gateway.errors import ConfigError
+from pairing.admission import DmPolicy, GroupPolicy
+from pairing.principal import Role
+
+RETIRED_SETTINGS = {
+    ("memory", "quarantine_learned_facts"): (
+        "memory.quarantine_learned_facts is retired and nothing reads it: non-admin operational items "
+        "are dropped by the memory policy; remove the key"
+    ),
+}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AgentConfig(_Model):
+    """Who the agent is (the identity section of every prompt)."""
+
+    name: str = "goclaw"
+    persona: str = (
+        "You are the team's assistant. You help the people who message you, remember what they tell you "
+        "about themselves, and follow the procedures the administrators have taught you."
+    )
+
+
+class DatabaseConfig(_Model):
+    """Where records live."""
+
+    url: str = "sqlite+aiosqlite:///data/goclaw.db"
+    echo: bool = False
+
+    @field_validator("url")
+    @classmethod
+    def _known_driver(cls, v: str) -> str:
+        if not (v.startswith("sqlite+aiosqlite://") or v.startswith("postgresql+asyncpg://")):
+            raise ValueError("use sqlite+aiosqlite:///path/to.db or postgresql+asyncpg://user@host/db")
+        return v
+
+
+class LLMConfig(_Model):
+    """The model behind the agent."""
+
+    provider: Literal["builtin", "openai", "anthropic"] = "builtin"
+    model: str = "builtin-offline"
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    timeout_seconds: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=3, ge=0, le=10)
+    max_tool_steps: int = Field(default=6, ge=1, le=50)
+    temperature: float = Field(default=0.2, ge=0, le=2)
+    max_tokens: int = Field(default=1024, ge=16)
+
+    @model_validator(mode="after")
+    def _provider_needs(self) -> LLMConfig:
+        if self.provider == "anthropic" and not _secret(self.api_key):
+            raise ValueError("llm.provider anthropic needs llm.api_key (for example ${ANTHROPIC_API_KEY})")
+        if self.provider == "openai" and not _secret(self.api_key) and not self.base_url:
+            raise ValueError(
+                "llm.provider openai needs llm.api_key, or llm.base_url for a local server (Ollama, vLLM, ...)"
+            )
+        if self.base_url and not re.match(r"^https?://[^\s/]+", self.base_url):
+            raise ValueError(f"llm.base_url {self.base_url!r} is not an http(s) URL")
+        return self
+
+
+class ApiUser(_Model):
+    """An HTTP API / WebSocket caller: a bearer token mapped to a unified user id."""
+
+    token: SecretStr
+    user: str
+
+    @field_validator("token")
+    @classmethod
+    def _long_enough(cls, v: SecretStr) -> SecretStr:
+        if len(v.get_secret_value()) < 16:
+            raise ValueError("API tokens must be at least 16 characters")
+        return v
+
+
+class ServerConfig(_Model):
+    """The web server: Teams endpoint, API, WebSocket, web chat."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    dashboard_token: SecretStr | None = None
+    api_users: list[ApiUser] = Field(default_factory=list)
+    max_message_chars: int = Field(default=8000, ge=1)
+
+
+class SessionConfig(_Model):
+    """History window per session."""
+
+    max_messages: int = Field(default=40, ge=4)
+    keep_messages: int = Field(default=10, ge=1)
+    max_concurrent_sessions: int = Field(default=32, ge=1)
+    history_token_budget: int = Field(default=6000, ge=256)
+
+    @model_validator(mode="after")
+    def _keep_below_max(self) -> SessionConfig:
+        if self.keep_messages >= self.max_messages:
+            raise ValueError("session.keep_messages must be smaller than session.max_messages")
+        return self
+
+
+class _ChannelCommon(_Model):
+    enabled: bool = False
+    dm_policy: DmPolicy = DmPolicy.PAIRING
+    allow_from: list[str] = Field(default_factory=list)
+    group_policy: GroupPolicy = GroupPolicy.OPEN
+    allow_channels: list[str] = Field(default_factory=list)
+    require_mention: bool = True
+
+    @field_validator("allow_from", "allow_channels", mode="before")
+    @classmethod
+    def _ids_as_strings(cls, v: Any) -> Any:
+        # Discord ids are large integers; YAML reads them as ints.
+        return [str(x) for x in v] if isinstance(v, list) else v
+
+
+class DiscordConfig(_ChannelCommon):
+    """Discord bot settings."""
+
+    token: SecretStr | None = None
+    shard_ids: list[int] | None = None
+    shard_count: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _token_when_enabled(self) -> DiscordConfig:
+        if self.enabled and not _secret(self.token):
+            raise ValueError("channels.discord.enabled is true but channels.discord.token is empty")
+        if self.shard_ids and not self.shard_count:
+            raise ValueError("channels.discord.shard_ids needs channels.discord.shard_count")
+        return self
+
+
+class TeamsConfig(_ChannelCommon):
+    """Microsoft Teams (Bot Framework) settings."""
+
+    app_id: str = ""
+    app_password: SecretStr | None = None
+    app_tenant_id: str = ""
+    allowed_tenants: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> TeamsConfig:
+        if bool(self.app_id) != bool(_secret(self.app_password)):
+            raise ValueError(
+                "channels.teams needs both app_id and app_password (or neither, for local emulator testing)"
+            )
+        return self
+
+
+class ChannelsConfig(_Model):
+    """Platform adapters."""
+
+    discord: DiscordConfig = Field(default_factory=DiscordConfig)
+    teams: TeamsConfig = Field(default_factory=TeamsConfig)
+
+
+class WriteAccess(_Model):
+    """Who besides admins may ``memory_write`` to agent_notes."""
+
+    users: list[str] = Field(default_factory=list)
+    roles: list[Role] = Field(default_factory=list)
+
+
+class MemoryConfig(_Model):
+    """Memory policy settings."""
+
+    write_access: WriteAccess = Field(default_factory=WriteAccess)
+    notes_review_days: int = Field(default=90, ge=1, le=90)
+    prompt_token_budget: int = Field(default=1200, ge=64)
+    max_content_chars: int = Field(default=2000, ge=16)
+    consolidation_time: str = "03:00"
+    auto_distill: bool = True
+    # Retired: read by nothing; a config that sets it gets a warning.
+    quarantine_learned_facts: bool | None = None
+
+    @field_validator("consolidation_time")
+    @classmethod
+    def _hh_mm(cls, v: str) -> str:
+        if not re.fullmatch(r"([01]\d|2[0-3]):[0-5]\d", v):
+            raise ValueError("use HH:MM in UTC, for example 03:00")
+        return v
+
+
+class LoggingConfig(_Model):
+    """Log output."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class Config(_Model):
+    """The whole gateway configuration."""
+
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    database: DatabaseConfig = Field(default_factory=DatabaseConfig)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    session: SessionConfig = Field(default_factory=SessionConfig)
+    channels: ChannelsConfig = Field(default_factory=ChannelsConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    # Set by the loader, not by YAML.
+    warnings_: tuple[str, ...] = Field(default=(), exclude=True, alias="__warnings__")
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Non-fatal notices (retired settings)."""
+        return self.warnings_
+
+
+def _secret(v: SecretStr | None) -> str:
+    return v.get_secret_value() if v is not None else ""
+
+
+# ---- loading -----------------------------------------------------------------------
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _lines(node: yaml.Node, path: tuple[str | int, ...], out: dict[tuple[str | int, ...], int]) -> None:
+    out[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            k = key.value
+            out[(*path, k)] = key.start_mark.line + 1
+            _lines(value, (*path, k), out)
+            out[(*path, k)] = key.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _lines(item, (*path, i), out)
+
+
+def _substitute(value: Any, path: tuple[str | int, ...], env: dict[str, str], problems: list[str], where: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _substitute(v, (*path, k), env, problems, where) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, (*path, i), env, problems, where) for i, v in enumerate(value)]
+    if isinstance(value, str) and "${" in value:
+
+        def repl(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            if name in env and env[name] != "":
+                return env[name]
+            if default is not None:
+                return default
+            problems.append(
+                f"{where(path)}: environment variable {name} is not set (export it, or write ${{{name}:-default}})"
+            )
+            return ""
+
+        return _ENV_REF.sub(repl, value)
+    return value
+
+
+def _fields_at(path: tuple[str | int, ...]) -> list[str]:
+    model: Any = Config
+    for part in path:
+        if isinstance(part, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        candidates = [ann, *args]
+        nxt = None
+        for c in candidates:
+            if isinstance(c, type) and issubclass(c, BaseModel):
+                nxt = c
+            for a in getattr(c, "__args__", ()):
+                if isinstance(a, type) and issubclass(a, BaseModel):
+                    nxt = a
+        if nxt is None:
+            return []
+        model = nxt
+    return [n for n in getattr(model, "model_fields", {}) if not n.endswith("_")]
+
+
+def load_config(path: str | Path, env: dict[str, str] | None = None) -> Config:
+    """Read, substitute and validate a config file.
+
+    Raises:
+        ConfigError: listing every problem, each with its dotted key and line.
+    """
+    p = Path(path)
+    env = dict(os.environ) if env is None else env
+    if not p.exists():
+        raise ConfigError(
+            [f"config file {p} not found: pass --config PATH, set GOCLAW_CONFIG, or copy config.example.yaml"]
+        )
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"cannot read {p}: {exc.strerror}"]) from None
+    try:
+        node = yaml.compose(text)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "somewhere"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"{where}: not valid YAML ({problem})"], str(p)) from None
+    lines: dict[tuple[str | int, ...], int] = {}
+    if node is not None:
+        _lines(node, (), lines)
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ConfigError(["the top level must be a mapping of sections (agent:, database:, llm:, ...)"], str(p))
+
+    def where(loc: tuple[str | int, ...]) -> str:
+        dotted = ".".join(str(x) for x in loc) or "(top level)"
+        for i in range(len(loc), -1, -1):
+            if loc[:i] in lines:
+                return f"{dotted} (line {lines[loc[:i]]})"
+        return dotted
+
+    problems: list[str] = []
+    raw = _substitute(raw, (), env, problems, where)
+    if problems:
+        # A missing variable makes later checks on that value noise: report it alone.
+        raise ConfigError(problems, str(p))
+    warnings: list[str] = []
+    for key_path, message in RETIRED_SETTINGS.items():
+        section = raw.get(key_path[0])
+        if isinstance(section, dict) and key_path[1] in section:
+            warnings.append(f"{message} (line {lines.get(key_path, '?')})")
+    try:
+        cfg = Config.model_validate({**raw, "__warnings__": tuple(warnings)})
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x.startswith("function-after")))
+            if err["type"] == "extra_forbidden":
+                known = _fields_at(loc[:-1])
+                guess = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+                hint = (
+                    f"; did you mean '{guess[0]}'?" if guess else (f"; known keys: {', '.join(known)}" if known else "")
+                )
+                problems.append(f"{where(loc)}: unknown key{hint}")
+            else:
+                msg = err["msg"].removeprefix("Value error, ")
+                problems.append(f"{where(loc)}: {msg}")
+        raise ConfigError(problems, str(p)) from None
+    return cfg
+
+
+def find_config_path(explicit: str | None) -> Path:
+    """``--config``, else ``GOCLAW_CONFIG``, else ``./config.yaml``."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("GOCLAW_CONFIG")
+    if env:
+        return Path(env)
+    return Path("config.yaml")
+
+
+def default_config() -> Config:
+    """The embedded defaults (used by tests and `goclaw chat` without a file)."""
+    return Config()

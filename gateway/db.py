@@ -1,0 +1,125 @@
+"""The database: one async engine, Alembic migrations, and clear errors."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from sqlalchemy import event, text
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from gateway.errors import DatabaseUnavailable
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def _sqlite_path(url: str) -> Path | None:
+    u = make_url(url)
+    if not u.drivername.startswith("sqlite") or not u.database or u.database == ":memory:":
+        return None
+    return Path(u.database)
+
+
+def prepare_sqlite_dir(url: str) -> None:
+    """Create the SQLite file's folder, with an error that names it if that is impossible."""
+    path = _sqlite_path(url)
+    if path is None:
+        return
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DatabaseUnavailable(
+            f"cannot create the database folder {folder}: {exc.strerror}; make it writable or set database.url"
+        ) from None
+    if not os.access(folder, os.W_OK):
+        raise DatabaseUnavailable(
+            f"the database folder {folder} is not writable; fix its permissions or set database.url"
+        )
+    if path.exists() and not os.access(path, os.W_OK):
+        raise DatabaseUnavailable(f"the database file {path} is not writable; fix its permissions")
+
+
+def make_engine(url: str, *, echo: bool = False) -> AsyncEngine:
+    """An async engine; SQLite gets WAL, foreign keys and a busy timeout."""
+    prepare_sqlite_dir(url)
+    kwargs: dict[str, Any] = {"echo": echo}
+    if url.startswith("sqlite"):
+        kwargs["connect_args"] = {"timeout": 30}
+    else:
+        kwargs["pool_pre_ping"] = True
+    engine = create_async_engine(url, **kwargs)
+    if url.startswith("sqlite"):
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+    return engine
+
+
+def describe_db_error(url: str, exc: BaseException) -> str:
+    """One line for a person: what failed and what to do."""
+    safe = make_url(url).render_as_string(hide_password=True)
+    detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0] if str(exc) else type(exc).__name__
+    if "file is not a database" in detail or "malformed" in detail:
+        return f"the database at {safe} is corrupt ({detail}); restore it from a backup or point database.url elsewhere"
+    return f"cannot use the database at {safe}: {detail}; check database.url and that the server is running"
+
+
+def _alembic_config() -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    return cfg
+
+
+def _upgrade(conn: Connection, revision: str) -> None:
+    cfg = _alembic_config()
+    cfg.attributes["connection"] = conn
+    command.upgrade(cfg, revision)
+
+
+async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+    """Apply Alembic migrations up to ``revision``.
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached or is corrupt.
+    """
+    url = engine.url.render_as_string(hide_password=False)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(_upgrade, revision)
+    except (OperationalError, DBAPIError, OSError, SQLAlchemyError) as exc:
+        raise DatabaseUnavailable(describe_db_error(url, exc)) from None
+
+
+async def check(engine: AsyncEngine) -> None:
+    """Raise DatabaseUnavailable unless the database answers."""
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+    except (OperationalError, DBAPIError, OSError, SQLAlchemyError) as exc:
+        raise DatabaseUnavailable(describe_db_error(engine.url.render_as_string(hide_password=False), exc)) from None
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    """The applied Alembic revision, or None on an empty database."""
+    try:
+        async with engine.connect() as conn:
+            row = (await conn.execute(text("SELECT version_num FROM alembic_version"))).first()
+            return row[0] if row else None
+    except (OperationalError, DBAPIError):
+        return None

@@ -1,0 +1,1 @@
+"""Web surfaces: health, Teams endpoint, HTTP API, WebSocket, web chat."""
