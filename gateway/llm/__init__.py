@@ -1,0 +1,1 @@
+"""LLM providers behind one interface: builtin (offline), openai-compatible, anthropic."""

@@ -1,0 +1,93 @@
+"""The one interface every LLM provider implements, and the types it speaks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from pairing.principal import Principal
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A model's request to run a tool."""
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One message of a conversation sent to a model."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None  # for role "tool"
+    name: str | None = None  # tool name for role "tool"
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A model's answer: text, tool calls, or both."""
+
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    model: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JsonSchema:
+    """A structured-output request (OpenAI ``response_format`` json_schema)."""
+
+    name: str  # e.g. "extraction_result"
+    schema: Mapping[str, Any]
+
+
+class LLMUnavailable(Exception):
+    """The model could not answer after retries (timeouts, 429/5xx, connection errors)."""
+
+
+ToolHandler = Callable[[Principal, Mapping[str, Any]], Awaitable[str]]
+ToolAuthorizer = Callable[[Principal], str | None]
+"""Returns why the principal may not use the tool, or None."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the model may call: its JSON schema, who may use it, what it does."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    handler: ToolHandler
+    authorize: ToolAuthorizer = field(default=lambda _p: None)
+
+
+class LLMProvider(Protocol):
+    """What the turn handler and the memory worker need from a model."""
+
+    name: str  # "builtin" | "openai" | "anthropic"
+    model: str
+
+    async def start(self) -> None:
+        """Open clients (no I/O in __init__)."""
+
+    async def stop(self) -> None:
+        """Close clients."""
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[Tool] = (),
+        json_schema: JsonSchema | None = None,
+    ) -> Completion:
+        """One model call; raises LLMUnavailable after retries."""
+
+    def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]:
+        """Text chunks of a reply without tools (WebSocket streaming)."""

@@ -1,0 +1,33 @@
+"""What memory sees of the outside world: stored messages and the model seam."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+ExtractorModel = Callable[[str, str], Awaitable[str]]
+"""A model call for structured output: (system prompt, user content) -> raw JSON text.
+
+The gateway adapts its LLM provider to this (the openai provider sends
+``response_format`` json_schema named ``extraction_result``); tests script it.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SliceMessage:
+    """One stored message of a trimmed slice, as the gateway stored it.
+
+    ``user_id`` is the unified user id the channel stored with the message (None
+    for an unpaired sender, or a message stored before ids were recorded);
+    ``stored_role`` is the role it was stored with: ``admin``, ``user``, a system
+    principal name, or None. The speaker is never taken from the text.
+    """
+
+    message_id: str
+    user_id: str | None
+    stored_role: str | None
+    display_name: str
+    text: str
+    said_at: datetime
+    is_agent: bool = False
