@@ -1,0 +1,89 @@
+"""Tables of the gateway: sessions, messages, archives, durable jobs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from pairing.models import UTCDateTime
+
+
+class GatewayBase(DeclarativeBase):
+    """Declarative base of the gateway tables."""
+
+
+class Session(GatewayBase):
+    """A conversation: (channel, conversation, thread). ``thread_id`` is '' when there is none."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (UniqueConstraint("channel", "conversation_id", "thread_id", name="uq_sessions_key"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    channel: Mapped[str] = mapped_column(String(32))
+    conversation_id: Mapped[str] = mapped_column(String(300))
+    thread_id: Mapped[str] = mapped_column(String(300), default="")
+    parent_conversation_id: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    previous_context: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Message(GatewayBase):
+    """A person's or the agent's message, stored once with the speaker and role it came with."""
+
+    __tablename__ = "messages"
+    __table_args__ = (
+        UniqueConstraint("session_id", "platform_message_id", name="uq_messages_platform_id"),
+        Index("ix_messages_session_live", "session_id", "archive_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    platform_message_id: Mapped[str] = mapped_column(String(300))
+    speaker_user_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    stored_role: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    display_name: Mapped[str] = mapped_column(String(200), default="")
+    text: Mapped[str] = mapped_column(Text)
+    said_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    is_agent: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    archive_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+
+
+class Archive(GatewayBase):
+    """A trimmed slice of history as a markdown document with a ``**Trust**:`` line."""
+
+    __tablename__ = "archives"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    start_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    end_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    trust: Mapped[str] = mapped_column(String(16))
+    message_count: Mapped[int] = mapped_column(Integer)
+    summary: Mapped[str] = mapped_column(Text)
+    markdown: Mapped[str] = mapped_column(Text)
+
+
+class Job(GatewayBase):
+    """A durable background job (extraction of a trimmed slice, ...)."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_claim", "status", "run_after"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending|running|done|failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    run_after: Mapped[datetime] = mapped_column(UTCDateTime())
+    locked_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    locked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    raw_answer: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
