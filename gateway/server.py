@@ -8,38 +8,34 @@ import signal
 
 from aiohttp import web
 
+from gateway.app import Gateway
 from gateway.config import Config
-from gateway.db import make_engine, upgrade
+from gateway.web.app import dashboard_open
 
 log = logging.getLogger("goclaw")
 
 
-def build_app() -> web.Application:
-    """The aiohttp application (health only at this stage)."""
-    app = web.Application()
-
-    async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    app.router.add_get("/healthz", healthz)
-    return app
-
-
 async def serve_forever(cfg: Config) -> None:
-    """Migrate, start the web server, and run until SIGINT/SIGTERM."""
-    engine = make_engine(cfg.database.url)
-    await upgrade(engine)
-    runner = web.AppRunner(build_app(), access_log=None)
+    """Start the gateway, serve the web app, and run until SIGINT/SIGTERM."""
+    gw = Gateway(cfg)
+    await gw.start(channels=False)
+    runner = web.AppRunner(gw.web, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, cfg.server.host, cfg.server.port)
-    await site.start()
-    log.info("goclaw listening on http://%s:%s", cfg.server.host, cfg.server.port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
+        site = web.TCPSite(runner, cfg.server.host, cfg.server.port)
+        await site.start()
+        log.info("goclaw listening on http://%s:%s (model: %s)", cfg.server.host, cfg.server.port, gw.provider.name)
+        if cfg.server.dashboard_token is None:
+            if dashboard_open(cfg):
+                log.warning("server.dashboard_token is not set: the web chat is open to anyone on this machine")
+            else:
+                log.warning("server.dashboard_token is not set: the web chat is disabled on a non-loopback address")
+        await gw.start_channels()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
         await runner.cleanup()
-        await engine.dispose()
+        await gw.stop()

@@ -1,0 +1,167 @@
+"""The composition root: one Gateway object wires config, database, stores, model, memory, web, channels."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from channels.base import ChannelAdapter
+from gateway.config import Config, DiscordConfig, TeamsConfig
+from gateway.db import make_engine, upgrade
+from gateway.dispatch import ChannelRules, Dispatcher
+from gateway.llm.base import LLMProvider
+from gateway.metrics import Metrics
+from gateway.sessions import SessionStore
+from gateway.turn import MemoryGlue, TurnHandler
+from gateway.web.app import WebContext, build_web_app
+from gateway.worker import JobWorker
+from pairing.store import PairingStore
+
+log = logging.getLogger("goclaw")
+
+
+def channel_rules(cfg: DiscordConfig | TeamsConfig) -> ChannelRules:
+    """A channel config section as admission rules."""
+    return ChannelRules(
+        dm_policy=cfg.dm_policy,
+        allow_from=frozenset(cfg.allow_from),
+        group_policy=cfg.group_policy,
+        allow_channels=frozenset(cfg.allow_channels),
+        require_mention=cfg.require_mention,
+    )
+
+
+class Gateway:
+    """Everything one gateway process runs. No I/O until ``start``."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        provider: LLMProvider | None = None,
+        clock: Callable[[], datetime] | None = None,
+        engine: AsyncEngine | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock or (lambda: datetime.now(UTC))
+        self._provider_override = provider
+        self._engine_override = engine
+        self.metrics = Metrics()
+        self.adapters: dict[str, ChannelAdapter] = {}
+        self.channel_state: dict[str, str] = {}
+        self.engine: AsyncEngine
+        self.pairing: PairingStore
+        self.sessions: SessionStore
+        self.provider: LLMProvider
+        self.memory: MemoryGlue
+        self.turns: TurnHandler
+        self.dispatcher: Dispatcher
+        self.worker: JobWorker
+        self.web: web.Application
+
+    async def start(self, *, channels: bool = True, worker: bool = True) -> None:
+        """Migrate the database, open the model, build the turn and web app, start channels and the worker."""
+        from gateway.llm.factory import make_provider
+        from gateway.memory_glue import build_memory
+
+        self.engine = self._engine_override or make_engine(self.config.database.url, echo=self.config.database.echo)
+        await upgrade(self.engine)
+        self.pairing = PairingStore(self.engine, clock=self.clock)
+        self.sessions = SessionStore(self.engine, clock=self.clock)
+        self.provider = self._provider_override or make_provider(self.config.llm)
+        await self.provider.start()
+        self.memory, job_handlers = build_memory(self)
+        self.worker = JobWorker(self.sessions, job_handlers, metrics=self.metrics)
+        self.turns = TurnHandler(
+            config=self.config,
+            sessions=self.sessions,
+            provider=self.provider,
+            memory=self.memory,
+            metrics=self.metrics,
+            clock=self.clock,
+            on_trim=lambda _r: self.worker.wake(),
+        )
+        self.dispatcher = Dispatcher(
+            pairing=self.pairing,
+            turns=self.turns,
+            rules={
+                "discord": channel_rules(self.config.channels.discord),
+                "teams": channel_rules(self.config.channels.teams),
+            },
+        )
+        self.web = build_web_app(
+            WebContext(
+                config=self.config,
+                pairing=self.pairing,
+                sessions=self.sessions,
+                turns=self.turns,
+                metrics=self.metrics,
+                channel_status=lambda: dict(self.channel_state),
+            )
+        )
+        self._build_channels()
+        if worker:
+            await self.worker.start()
+        if channels:
+            await self.start_channels()
+
+    def _build_channels(self) -> None:
+        ch = self.config.channels
+        if ch.teams.enabled:
+            from channels.teams import TeamsAdapter
+
+            teams = TeamsAdapter(
+                app_id=ch.teams.app_id,
+                app_password=ch.teams.app_password.get_secret_value() if ch.teams.app_password else "",
+                handler=self.dispatcher.handle,
+                app_tenant_id=ch.teams.app_tenant_id,
+                allowed_tenants=ch.teams.allowed_tenants,
+            )
+            teams.add_routes(self.web)
+            self.adapters["teams"] = teams
+            self.channel_state["teams"] = "stopped"
+        if ch.discord.enabled:
+            from channels.discord import DiscordAdapter
+
+            token = ch.discord.token.get_secret_value() if ch.discord.token else ""
+            self.adapters["discord"] = DiscordAdapter(
+                token, self.dispatcher.handle, shard_ids=ch.discord.shard_ids, shard_count=ch.discord.shard_count
+            )
+            self.channel_state["discord"] = "stopped"
+
+    async def start_channels(self) -> None:
+        """Start every enabled adapter; a failure is logged and shown in /readyz, not fatal."""
+        for name, adapter in self.adapters.items():
+            try:
+                await adapter.start()
+                self.channel_state[name] = "started"
+            except Exception as exc:
+                self.channel_state[name] = f"failed: {exc}"
+                log.error("channel %s failed to start: %s", name, exc)
+
+    async def stop(self) -> None:
+        """Stop channels, the worker and the model; close the database."""
+        for name, adapter in self.adapters.items():
+            try:
+                await adapter.stop()
+            except Exception as exc:
+                log.warning("channel %s did not stop cleanly: %s", name, exc)
+            self.channel_state[name] = "stopped"
+        if hasattr(self, "worker"):
+            await self.worker.stop()
+        if hasattr(self, "provider"):
+            await self.provider.stop()
+        if hasattr(self, "engine") and self._engine_override is None:
+            await self.engine.dispose()
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()

@@ -1,0 +1,115 @@
+"""From a platform message to a turn: identity, admission, pairing, commands, group rules."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from channels.base import InboundMessage
+from gateway.sessions import SessionKey
+from gateway.turn import TurnHandler, TurnRequest
+from pairing.admission import Admission, DmPolicy, GroupPolicy, admit_direct, admit_group
+from pairing.commands import handle_command, parse_command
+from pairing.principal import Principal
+from pairing.store import PairingError, PairingStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelRules:
+    """A channel's admission settings (from its config section)."""
+
+    dm_policy: DmPolicy = DmPolicy.PAIRING
+    allow_from: frozenset[str] = field(default_factory=frozenset)
+    group_policy: GroupPolicy = GroupPolicy.OPEN
+    allow_channels: frozenset[str] = field(default_factory=frozenset)
+    require_mention: bool = True
+
+
+def pairing_reply(code: str, channel: str) -> str:
+    """What an unknown sender is told: their code and nothing else."""
+    return (
+        f"Hi! I don't know you yet. Your pairing code is {code}. "
+        f"Ask an administrator to approve it (for example '/pair approve {code}' by DM to me, or "
+        f"'goclaw pairing approve {channel} {code}'). The code is valid for one hour."
+    )
+
+
+class Dispatcher:
+    """The MessageHandler every platform adapter calls."""
+
+    def __init__(self, *, pairing: PairingStore, turns: TurnHandler, rules: dict[str, ChannelRules]) -> None:
+        self.pairing = pairing
+        self.turns = turns
+        self.rules = rules
+
+    async def handle(self, msg: InboundMessage) -> str | None:
+        """Decide what to do with one platform message; return the reply to send, if any."""
+        rules = self.rules.get(msg.channel, ChannelRules())
+        principal = await self.pairing.resolve(msg.channel, msg.sender_id, msg.display_name)
+        if msg.is_direct:
+            return await self._direct(msg, rules, principal)
+        return await self._group(msg, rules, principal)
+
+    async def _direct(self, msg: InboundMessage, rules: ChannelRules, principal: Principal | None) -> str | None:
+        command = parse_command(msg.text)
+        # An unpaired sender may redeem a link code, and nothing else, before admission.
+        if command is not None and (principal is not None or (command.name == "link" and command.args)):
+            if rules.dm_policy is DmPolicy.DISABLED:
+                return None
+            return await handle_command(
+                self.pairing,
+                channel=msg.channel,
+                platform_user_id=msg.sender_id,
+                principal=principal,
+                text=msg.text,
+                is_direct=True,
+            )
+        admission = admit_direct(
+            rules.dm_policy, paired=principal is not None, platform_user_id=msg.sender_id, allow_from=rules.allow_from
+        )
+        if admission is Admission.DENY:
+            log.info("%s: DM from %s not admitted (dm_policy %s)", msg.channel, msg.sender_id, rules.dm_policy)
+            return None
+        if admission is Admission.PAIR:
+            try:
+                issued = await self.pairing.request_code(msg.channel, msg.sender_id, msg.display_name)
+            except PairingError as exc:
+                return f"I can't pair you right now: {exc}."
+            return pairing_reply(issued.code, msg.channel)
+        return await self._turn(msg, principal or Principal.unpaired(msg.display_name), reply=True)
+
+    async def _group(self, msg: InboundMessage, rules: ChannelRules, principal: Principal | None) -> str | None:
+        ids = (msg.conversation_id, *msg.conversation_ids)
+        if admit_group(rules.group_policy, conversation_ids=ids, allow_channels=rules.allow_channels) is Admission.DENY:
+            return None
+        addressed = msg.mentions_bot or not rules.require_mention
+        if principal is None:
+            # An unpaired sender in a group is stored (nobody's line) and answered only
+            # when the DM policy would serve them too.
+            served = admit_direct(
+                rules.dm_policy, paired=False, platform_user_id=msg.sender_id, allow_from=rules.allow_from
+            )
+            addressed = addressed and served is Admission.SERVE
+        return await self._turn(msg, principal or Principal.unpaired(msg.display_name), reply=addressed)
+
+    async def _turn(self, msg: InboundMessage, principal: Principal, *, reply: bool) -> str | None:
+        text = msg.text
+        if msg.attachments:
+            text = (text + " " + " ".join(f"[attachment: {a}]" for a in msg.attachments if a not in text)).strip()
+        if not text:
+            return None
+        parent = msg.conversation_ids[0] if msg.thread_id and msg.conversation_ids else None
+        result = await self.turns.handle(
+            TurnRequest(
+                key=SessionKey(msg.channel, msg.conversation_id, msg.thread_id or "", parent),
+                principal=principal,
+                text=text,
+                message_id=msg.message_id,
+                said_at=msg.timestamp,
+                display_name=msg.display_name,
+                reply=reply,
+            )
+        )
+        return result.reply

@@ -1,0 +1,116 @@
+"""The built-in offline model: deterministic, no network, clearly labelled.
+
+It is a stand-in so that a fresh install works without any model server: a
+rule-based classifier for extraction (``memory.rules``) and a template
+responder that answers from the prompt's memory sections and says which items
+it used. It is not a language model, and every reply says so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Sequence
+
+from gateway.llm.base import ChatMessage, Completion, JsonSchema, Tool
+from gateway.prompt import OPERATIONAL, PERSONAL
+
+LABEL = "[offline model]"
+_WORD = re.compile(r"[a-z0-9_]{3,}")
+_STOP = frozenset(
+    "the and for you your are was were this that with from have has had will would can could please "
+    "what when where which who how about into onto our ours they them then than there their its it's "
+    "not but all any some just now today tomorrow use using used me my mine i'm".split()
+)
+_CHANGE = re.compile(r"\b(from now on|instead of|no longer|rule:|always use|never use|switch to)\b", re.I)
+_ID = re.compile(r"\[(m_[0-9a-f]+)\]")
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+
+
+def _section(system: str, heading: str) -> list[str]:
+    start = system.find(heading)
+    if start < 0:
+        return []
+    body = system[start + len(heading) :]
+    nxt = body.find("\n## ")
+    body = body if nxt < 0 else body[:nxt]
+    return [line.strip()[2:] for line in body.splitlines() if line.strip().startswith("- ")]
+
+
+class BuiltinProvider:
+    """The offline default provider."""
+
+    name = "builtin"
+
+    def __init__(self, model: str = "builtin-offline") -> None:
+        self.model = model
+
+    async def start(self) -> None:
+        """Nothing to open."""
+
+    async def stop(self) -> None:
+        """Nothing to close."""
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[Tool] = (),
+        json_schema: JsonSchema | None = None,
+    ) -> Completion:
+        """Answer deterministically from the prompt."""
+        system = "\n".join(m.content for m in messages if m.role == "system")
+        user = next((m.content for m in reversed(messages) if m.role == "user"), "")
+        if json_schema is not None:
+            return Completion(self._structured(json_schema.name, system, user), model=self.model)
+        return Completion(self.respond(system, user), model=self.model)
+
+    async def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]:
+        """The same reply, word by word."""
+        reply = (await self.complete(messages)).text
+        for i, word in enumerate(reply.split(" ")):
+            yield word if i == 0 else " " + word
+
+    def _structured(self, name: str, system: str, user: str) -> str:
+        from memory import rules  # memory's rule-based classifier and judges
+
+        if name == "extraction_result":
+            return rules.builtin_extract(system, user)
+        handler = getattr(rules, f"builtin_{name}", None)
+        if handler is None:
+            return json.dumps({"error": f"the offline model cannot answer {name}"})
+        return str(handler(system, user))
+
+    def respond(self, system: str, user: str) -> str:
+        """The template reply: which remembered items bear on the message, and which were used."""
+        is_admin = "paired role: administrator" in system
+        notes = _section(system, OPERATIONAL)
+        personal = _section(system, PERSONAL)
+        asked = _words(user)
+        relevant_notes = [n for n in notes if asked & _words(n)]
+        relevant_personal = [p for p in personal if asked & _words(p)]
+        used = relevant_notes + relevant_personal
+        lines: list[str] = [LABEL]
+        if _CHANGE.search(user) and not is_admin:
+            lines.append(
+                "Operational changes require an administrator, so I will keep following the procedure "
+                "the administrators established."
+            )
+            if relevant_notes:
+                lines.append("Current procedure: " + relevant_notes[0])
+        elif _CHANGE.search(user) and is_admin:
+            lines.append("Understood. As an administrator's instruction, this will be learned as an operational note.")
+        elif used:
+            lines.append("From what I have been taught:")
+            lines.extend(f"- {item}" for item in used[:5])
+        else:
+            lines.append(
+                "I have nothing remembered that bears on this. (This is the built-in offline model: configure "
+                "llm.provider for real answers.)"
+            )
+        ids = [m for item in used for m in _ID.findall(item)]
+        lines.append("Memory used: " + (", ".join(ids) if ids else ("none" if not used else f"{len(used)} item(s)")))
+        return "\n".join(lines)

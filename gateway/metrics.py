@@ -1,0 +1,28 @@
+"""Prometheus metrics of one gateway process."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class Metrics:
+    """Counters and histograms, on a registry of their own (one per app)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.turns = Counter("goclaw_turns", "Turns handled", ["channel", "outcome"], registry=self.registry)
+        self.turn_seconds = Histogram(
+            "goclaw_turn_seconds",
+            "Turn latency",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.llm_calls = Counter("goclaw_llm_calls", "LLM calls", ["provider"], registry=self.registry)
+        self.llm_errors = Counter("goclaw_llm_errors", "LLM calls that failed", ["provider"], registry=self.registry)
+        self.queue_depth = Gauge("goclaw_queue_depth", "Jobs waiting plus turns in flight", registry=self.registry)
+        self.in_flight = Gauge("goclaw_turns_in_flight", "Turns being handled", registry=self.registry)
+        self.jobs = Counter("goclaw_jobs", "Background jobs", ["kind", "outcome"], registry=self.registry)
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,496 @@
+"""Sessions and messages: stored once, trimmed into archives with a durable job."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from gateway.models import Archive, Job, Message, Session
+from memory.types import SliceMessage
+from pairing.principal import Principal, PrincipalKind, Role
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKey:
+    """Where a conversation happens."""
+
+    channel: str
+    conversation_id: str
+    thread_id: str = ""
+    parent_conversation_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A message as stored."""
+
+    id: int
+    session_id: str
+    platform_message_id: str
+    speaker_user_id: str | None
+    stored_role: str | None
+    display_name: str
+    text: str
+    said_at: datetime
+    is_agent: bool
+
+    def as_slice(self) -> SliceMessage:
+        """The view memory reads."""
+        return SliceMessage(
+            message_id=self.platform_message_id,
+            user_id=self.speaker_user_id,
+            stored_role=self.stored_role,
+            display_name=self.display_name,
+            text=self.text,
+            said_at=self.said_at,
+            is_agent=self.is_agent,
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """The API shape."""
+        return {
+            "id": self.platform_message_id,
+            "speaker": "agent" if self.is_agent else self.speaker_user_id,
+            "role": self.stored_role,
+            "name": self.display_name,
+            "text": self.text,
+            "said_at": self.said_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TrimResult:
+    """What one trim produced, all in one transaction."""
+
+    archive_id: str
+    job_id: int
+    message_count: int
+    trust: str
+    summary: str
+
+
+def _to_view(m: Message) -> StoredMessage:
+    return StoredMessage(
+        m.id,
+        m.session_id,
+        m.platform_message_id,
+        m.speaker_user_id,
+        m.stored_role,
+        m.display_name,
+        m.text,
+        m.said_at,
+        m.is_agent,
+    )
+
+
+def principal_json(p: Principal) -> dict[str, Any]:
+    """A principal as job payload."""
+    return {
+        "kind": p.kind.value,
+        "user_id": p.user_id,
+        "role": p.role.value if p.role else None,
+        "system_name": p.system_name,
+        "display_name": p.display_name,
+    }
+
+
+def principal_from_json(d: dict[str, Any]) -> Principal:
+    """The inverse of principal_json."""
+    kind = PrincipalKind(d["kind"])
+    if kind is PrincipalKind.HUMAN:
+        return Principal.human(d["user_id"], Role(d["role"]), d.get("display_name") or "")
+    if kind is PrincipalKind.SYSTEM:
+        return Principal.system(d["system_name"])
+    return Principal.unpaired(d.get("display_name") or "")
+
+
+def render_archive(
+    session: Session, archive_id: str, messages: Sequence[StoredMessage], trust: str, summary: str
+) -> str:
+    """The markdown document of a trimmed slice: one parseable line per message."""
+    lines = [
+        f"# Session archive {archive_id}",
+        "",
+        f"- **Session**: {session.id} ({session.channel} / {session.conversation_id}"
+        + (f" / thread {session.thread_id}" if session.thread_id else "")
+        + ")",
+        f"- **From**: {messages[0].said_at.isoformat()}",
+        f"- **To**: {messages[-1].said_at.isoformat()}",
+        f"- **Trust**: {trust}",
+        f"- **Messages**: {len(messages)}",
+        "",
+        "## Summary",
+        "",
+        summary,
+        "",
+        "## Messages",
+        "",
+    ]
+    for m in messages:
+        speaker = "agent" if m.is_agent else (m.speaker_user_id or "-")
+        text = m.text.replace("\\", "\\\\").replace("\n", "\\n")
+        name = m.display_name.replace("]", ")").replace("\n", " ")
+        lines.append(
+            f"- [{m.said_at.isoformat()}] [msg:{m.platform_message_id}] [user:{speaker}] "
+            f"[role:{m.stored_role or '-'}] [name:{name}] {text}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def summarize(messages: Sequence[StoredMessage], *, per_speaker: int = 3, chars: int = 160) -> str:
+    """A deterministic extractive summary: who said what, in order of first appearance.
+
+    Deterministic on purpose: it is written in the same transaction as the trim,
+    and must not depend on a model being reachable.
+    """
+    if not messages:
+        return ""
+    order: list[str] = []
+    said: dict[str, list[str]] = {}
+    for m in messages:
+        who = "the agent" if m.is_agent else f"{m.display_name or 'someone'} ({m.speaker_user_id or 'unpaired'})"
+        if who not in said:
+            order.append(who)
+            said[who] = []
+        if len(said[who]) < per_speaker:
+            text = " ".join(m.text.split())
+            said[who].append(text if len(text) <= chars else text[: chars - 1] + "…")
+    head = f"{messages[0].said_at:%Y-%m-%d %H:%M}–{messages[-1].said_at:%H:%M} UTC, {len(messages)} messages."
+    return head + " " + " ".join(f"{who}: " + " / ".join(said[who]) + "." for who in order)
+
+
+class SessionStore:
+    """Sessions, messages, archives and jobs on one database."""
+
+    def __init__(self, engine: AsyncEngine, *, clock: Callable[[], datetime] | None = None) -> None:
+        self.engine = engine
+        self._sessions = async_sessionmaker(engine, expire_on_commit=False)
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self._dialect = engine.dialect.name
+
+    def now(self) -> datetime:
+        """The store's clock."""
+        return self._clock()
+
+    def _insert(self, table: Any) -> Any:
+        return (postgresql.insert if self._dialect == "postgresql" else sqlite.insert)(table)
+
+    # ---- sessions & messages ------------------------------------------------------------
+
+    async def session_id(self, key: SessionKey) -> str:
+        """The id of the session for ``key``, created on first use (race-safe)."""
+        async with self._sessions.begin() as s:
+            found = await self._find_session(s, key)
+            if found:
+                return found
+            now = self.now()
+            stmt = (
+                self._insert(Session)
+                .values(
+                    id="s_" + secrets.token_hex(8),
+                    channel=key.channel,
+                    conversation_id=key.conversation_id,
+                    thread_id=key.thread_id or "",
+                    parent_conversation_id=key.parent_conversation_id,
+                    previous_context="",
+                    created_at=now,
+                    updated_at=now,
+                )
+                .on_conflict_do_nothing(index_elements=["channel", "conversation_id", "thread_id"])
+            )
+            await s.execute(stmt)
+            found = await self._find_session(s, key)
+            assert found is not None
+            return found
+
+    async def _find_session(self, s: AsyncSession, key: SessionKey) -> str | None:
+        return (
+            await s.execute(
+                select(Session.id).where(
+                    Session.channel == key.channel,
+                    Session.conversation_id == key.conversation_id,
+                    Session.thread_id == (key.thread_id or ""),
+                )
+            )
+        ).scalar_one_or_none()
+
+    async def get_session(self, session_id: str) -> Session | None:
+        """A session row."""
+        async with self._sessions() as s:
+            return await s.get(Session, session_id)
+
+    async def find_session(self, key: SessionKey) -> str | None:
+        """The id of an existing session, or None."""
+        async with self._sessions() as s:
+            return await self._find_session(s, key)
+
+    async def store_message(
+        self,
+        session_id: str,
+        *,
+        platform_message_id: str,
+        speaker: Principal | None,
+        display_name: str,
+        text: str,
+        said_at: datetime,
+        is_agent: bool = False,
+    ) -> StoredMessage | None:
+        """Store a message once; None when this platform message id was already stored.
+
+        The speaker's user id and stored role come from the principal the
+        gateway resolved, never from the text.
+        """
+        user_id = speaker.user_id if speaker is not None and not is_agent else None
+        role = speaker.stored_role if speaker is not None and not is_agent else None
+        async with self._sessions.begin() as s:
+            stmt = (
+                self._insert(Message)
+                .values(
+                    session_id=session_id,
+                    platform_message_id=platform_message_id,
+                    speaker_user_id=user_id,
+                    stored_role=role,
+                    display_name=display_name,
+                    text=text,
+                    said_at=said_at,
+                    is_agent=is_agent,
+                    created_at=self.now(),
+                )
+                .on_conflict_do_nothing(index_elements=["session_id", "platform_message_id"])
+                .returning(Message.id)
+            )
+            new_id = (await s.execute(stmt)).scalar_one_or_none()
+            if new_id is None:
+                return None
+            await s.execute(update(Session).where(Session.id == session_id).values(updated_at=self.now()))
+        return StoredMessage(
+            new_id, session_id, platform_message_id, user_id, role, display_name, text, said_at, is_agent
+        )
+
+    async def history(self, session_id: str, *, limit: int | None = None) -> list[StoredMessage]:
+        """The session's untrimmed messages, oldest first (the newest ``limit`` if given)."""
+        async with self._sessions() as s:
+            q = select(Message).where(Message.session_id == session_id, Message.archive_id.is_(None))
+            if limit is not None:
+                q = q.order_by(Message.id.desc()).limit(limit)
+                rows = list(reversed((await s.scalars(q)).all()))
+            else:
+                rows = list((await s.scalars(q.order_by(Message.id))).all())
+            return [_to_view(m) for m in rows]
+
+    async def all_messages(self, session_id: str) -> list[StoredMessage]:
+        """Every message of a session, trimmed or not, oldest first."""
+        async with self._sessions() as s:
+            rows = (await s.scalars(select(Message).where(Message.session_id == session_id).order_by(Message.id))).all()
+            return [_to_view(m) for m in rows]
+
+    async def took_part(self, session_id: str, user_id: str) -> bool:
+        """Whether ``user_id`` has a message in the session."""
+        async with self._sessions() as s:
+            n = await s.scalar(
+                select(func.count())
+                .select_from(Message)
+                .where(Message.session_id == session_id, Message.speaker_user_id == user_id)
+            )
+            return bool(n)
+
+    async def live_count(self, session_id: str) -> int:
+        """How many untrimmed messages the session holds."""
+        async with self._sessions() as s:
+            return int(
+                await s.scalar(
+                    select(func.count())
+                    .select_from(Message)
+                    .where(Message.session_id == session_id, Message.archive_id.is_(None))
+                )
+                or 0
+            )
+
+    async def previous_context(self, session_id: str) -> str:
+        """The session's PREVIOUS CONTEXT (summaries of trimmed slices)."""
+        async with self._sessions() as s:
+            return (await s.scalar(select(Session.previous_context).where(Session.id == session_id))) or ""
+
+    # ---- trimming -----------------------------------------------------------------------
+
+    async def trim(
+        self,
+        session_id: str,
+        *,
+        max_messages: int,
+        keep_messages: int,
+        turn_principal: Principal,
+        trust_of: Callable[[Sequence[SliceMessage]], str],
+        context_chars: int = 4000,
+        _crash_after: str | None = None,
+    ) -> TrimResult | None:
+        """Cut the oldest slice when history passes ``max_messages``.
+
+        The slice's summary (appended to PREVIOUS CONTEXT), its archive and its
+        extraction job are written in one transaction with the marking of the
+        slice, so a crash in between leaves the history as it was and a rerun
+        makes no duplicate. ``_crash_after`` exists for the crash tests only.
+        """
+        async with self._sessions.begin() as s:
+            session = await s.get(Session, session_id, with_for_update=True)
+            if session is None:
+                return None
+            live = (
+                await s.scalars(
+                    select(Message)
+                    .where(Message.session_id == session_id, Message.archive_id.is_(None))
+                    .order_by(Message.id)
+                )
+            ).all()
+            if len(live) <= max_messages:
+                return None
+            cut = [_to_view(m) for m in live[: len(live) - keep_messages]]
+            archive_id = "a_" + secrets.token_hex(8)
+            now = self.now()
+            summary = summarize(cut)
+            trust = trust_of([m.as_slice() for m in cut])
+            await s.execute(update(Message).where(Message.id.in_([m.id for m in cut])).values(archive_id=archive_id))
+            if _crash_after == "mark":
+                raise RuntimeError("simulated crash after marking the slice")
+            s.add(
+                Archive(
+                    id=archive_id,
+                    session_id=session_id,
+                    created_at=now,
+                    start_at=cut[0].said_at,
+                    end_at=cut[-1].said_at,
+                    trust=trust,
+                    message_count=len(cut),
+                    summary=summary,
+                    markdown=render_archive(session, archive_id, cut, trust, summary),
+                )
+            )
+            if _crash_after == "archive":
+                raise RuntimeError("simulated crash after writing the archive")
+            context = (session.previous_context + "\n" + summary).strip()
+            session.previous_context = context[-context_chars:]
+            job = Job(
+                kind="extract",
+                payload={
+                    "session_id": session_id,
+                    "archive_id": archive_id,
+                    "turn_principal": principal_json(turn_principal),
+                    "summary": summary,
+                },
+                status="pending",
+                attempts=0,
+                run_after=now,
+                created_at=now,
+            )
+            s.add(job)
+            await s.flush()
+            if _crash_after == "job":
+                raise RuntimeError("simulated crash after writing the job")
+            return TrimResult(archive_id, job.id, len(cut), trust, summary)
+
+    async def archive_messages(self, archive_id: str) -> list[StoredMessage]:
+        """The messages of one trimmed slice, oldest first."""
+        async with self._sessions() as s:
+            rows = (await s.scalars(select(Message).where(Message.archive_id == archive_id).order_by(Message.id))).all()
+            return [_to_view(m) for m in rows]
+
+    async def get_archive(self, archive_id: str) -> Archive | None:
+        """One archive."""
+        async with self._sessions() as s:
+            return await s.get(Archive, archive_id)
+
+    async def list_archives(self, *, session_id: str | None = None, since: datetime | None = None) -> list[Archive]:
+        """Archives, oldest first."""
+        async with self._sessions() as s:
+            q = select(Archive)
+            if session_id:
+                q = q.where(Archive.session_id == session_id)
+            if since:
+                q = q.where(Archive.end_at >= since)
+            return list((await s.scalars(q.order_by(Archive.start_at, Archive.id))).all())
+
+    # ---- durable jobs -------------------------------------------------------------------
+
+    async def claim_job(
+        self, worker_id: str, *, kinds: Sequence[str] = ("extract",), lease_s: float = 300
+    ) -> Job | None:
+        """Claim the oldest runnable job (``FOR UPDATE SKIP LOCKED`` on PostgreSQL).
+
+        A job whose worker died (lease expired while running) is runnable again.
+        """
+        now = self.now()
+        async with self._sessions.begin() as s:
+            runnable = and_(
+                Job.kind.in_(kinds),
+                ((Job.status == "pending") & (Job.run_after <= now))
+                | ((Job.status == "running") & (Job.locked_at < now - timedelta(seconds=lease_s))),
+            )
+            q = select(Job).where(runnable).order_by(Job.id).limit(1)
+            if self._dialect == "postgresql":
+                q = q.with_for_update(skip_locked=True)
+            job = (await s.scalars(q)).first()
+            if job is None:
+                return None
+            res = await s.execute(
+                update(Job)
+                .where(Job.id == job.id, Job.status == job.status, Job.attempts == job.attempts)
+                .values(status="running", locked_by=worker_id, locked_at=now, attempts=job.attempts + 1)
+            )
+            if res.rowcount != 1:  # type: ignore[attr-defined]
+                return None
+            await s.refresh(job)
+            return job
+
+    async def finish_job(self, job_id: int, s: AsyncSession | None = None) -> None:
+        """Mark a job done (inside the caller's transaction when given)."""
+        stmt = update(Job).where(Job.id == job_id).values(status="done", finished_at=self.now(), last_error=None)
+        if s is not None:
+            await s.execute(stmt)
+            return
+        async with self._sessions.begin() as own:
+            await own.execute(stmt)
+
+    async def fail_job(
+        self, job_id: int, error: str, *, raw_answer: str | None = None, max_attempts: int = 5, base_delay_s: float = 5
+    ) -> str:
+        """Record a failure: retried with backoff, or parked as ``failed`` after ``max_attempts``."""
+        async with self._sessions.begin() as s:
+            job = await s.get(Job, job_id, with_for_update=True)
+            if job is None:
+                return "missing"
+            job.last_error = error[:4000]
+            if raw_answer is not None:
+                job.raw_answer = raw_answer[:20000]
+            if job.attempts >= max_attempts:
+                job.status, job.finished_at = "failed", self.now()
+            else:
+                job.status = "pending"
+                job.run_after = self.now() + timedelta(seconds=base_delay_s * 2 ** (job.attempts - 1))
+            job.locked_by = None
+            return job.status
+
+    async def jobs(self, *, status: str | None = None) -> list[Job]:
+        """Jobs, oldest first."""
+        async with self._sessions() as s:
+            q = select(Job)
+            if status:
+                q = q.where(Job.status == status)
+            return list((await s.scalars(q.order_by(Job.id))).all())
+
+    async def pending_jobs(self) -> int:
+        """How many jobs wait (queue depth)."""
+        async with self._sessions() as s:
+            return int(
+                await s.scalar(select(func.count()).select_from(Job).where(Job.status.in_(("pending", "running")))) or 0
+            )
+
+    def transaction(self) -> Any:
+        """A write transaction on the same database (for job + writes in one commit)."""
+        return self._sessions.begin()

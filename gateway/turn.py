@@ -1,0 +1,280 @@
+"""The turn: store the message, answer it, trim the history. One path for every channel."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+from gateway.config import Config
+from gateway.llm.base import ChatMessage, LLMProvider, LLMUnavailable, Tool
+from gateway.metrics import Metrics
+from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens
+from gateway.sessions import SessionKey, SessionStore, StoredMessage, TrimResult
+from memory.types import SliceMessage
+from pairing.principal import Principal
+
+log = logging.getLogger(__name__)
+
+UNAVAILABLE_REPLY = "Sorry, the model is unavailable right now. Your message is kept; please try again in a moment."
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryContext:
+    """What memory puts into one prompt."""
+
+    operational: str = ""
+    personal: str = ""
+    used_ids: tuple[str, ...] = ()
+
+
+class MemoryGlue(Protocol):
+    """What the turn needs from memory (implemented in gateway.memory_glue)."""
+
+    async def context(self, principal: Principal, conversation_text: str) -> MemoryContext:
+        """Memory sections for the prompt."""
+
+    def tools(self, principal: Principal, *, session_id: str, message_id: str, said_at: datetime) -> list[Tool]:
+        """Memory tools offered in this turn."""
+
+    async def directive(
+        self, principal: Principal, text: str, *, session_id: str, message_id: str, said_at: datetime
+    ) -> str | None:
+        """The reply to an ``@notes:`` directive, or None if ``text`` is not one."""
+
+    def trust_of(self, messages: Sequence[SliceMessage]) -> str:
+        """The archive trust of a slice."""
+
+
+class NoMemory:
+    """Memory switched off: nothing rendered, nothing written (unit tests of the turn)."""
+
+    async def context(self, principal: Principal, conversation_text: str) -> MemoryContext:
+        """Nothing."""
+        return MemoryContext()
+
+    def tools(self, principal: Principal, *, session_id: str, message_id: str, said_at: datetime) -> list[Tool]:
+        """No tools."""
+        return []
+
+    async def directive(
+        self, principal: Principal, text: str, *, session_id: str, message_id: str, said_at: datetime
+    ) -> str | None:
+        """Not a directive."""
+        return None
+
+    def trust_of(self, messages: Sequence[SliceMessage]) -> str:
+        """Nobody is vouched for."""
+        return "none"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """One incoming message, with the principal the gateway resolved for its sender."""
+
+    key: SessionKey
+    principal: Principal
+    text: str
+    message_id: str
+    said_at: datetime
+    display_name: str = ""
+    reply: bool = True  # False: store only (a group message that did not mention the agent)
+
+
+@dataclass(slots=True)
+class TurnResult:
+    """What came of a turn."""
+
+    session_id: str
+    reply: str | None
+    duplicate: bool = False
+    failed: bool = False
+    trimmed: TrimResult | None = None
+    used_memory: tuple[str, ...] = field(default=())
+
+
+ChunkSink = Callable[[str], Awaitable[None]]
+
+
+class TurnHandler:
+    """Handles messages of one session in order, different sessions concurrently."""
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        sessions: SessionStore,
+        provider: LLMProvider,
+        memory: MemoryGlue | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], datetime] | None = None,
+        on_trim: Callable[[TrimResult], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.sessions = sessions
+        self.provider = provider
+        self.memory: MemoryGlue = memory or NoMemory()
+        self.metrics = metrics or Metrics()
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self._on_trim = on_trim
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._waiting: dict[str, int] = {}
+        self._slots = asyncio.Semaphore(config.session.max_concurrent_sessions)
+        self.budgets = PromptBudgets(memory=config.memory.prompt_token_budget)
+
+    async def handle(self, req: TurnRequest, *, on_chunk: ChunkSink | None = None) -> TurnResult:
+        """Store ``req`` (once), answer it if asked, and trim the session's history."""
+        started = time.perf_counter()
+        session_id = await self.sessions.session_id(req.key)
+        self._waiting[session_id] = self._waiting.get(session_id, 0) + 1
+        lock = self._locks.setdefault(session_id, asyncio.Lock())
+        self.metrics.in_flight.inc()
+        outcome = "ok"
+        try:
+            async with lock, self._slots:
+                result = await self._handle_locked(session_id, req, on_chunk)
+            outcome = "duplicate" if result.duplicate else ("failed" if result.failed else "ok")
+            return result
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+            self._waiting[session_id] -= 1
+            if not self._waiting[session_id]:
+                del self._waiting[session_id]
+                self._locks.pop(session_id, None)
+            self.metrics.turns.labels(req.key.channel, outcome).inc()
+            self.metrics.turn_seconds.observe(time.perf_counter() - started)
+
+    async def _handle_locked(self, session_id: str, req: TurnRequest, on_chunk: ChunkSink | None) -> TurnResult:
+        stored = await self.sessions.store_message(
+            session_id,
+            platform_message_id=req.message_id,
+            speaker=req.principal,
+            display_name=req.display_name or req.principal.display_name,
+            text=req.text,
+            said_at=req.said_at,
+        )
+        if stored is None:
+            log.info("session %s: message %s already handled; ignoring redelivery", session_id, req.message_id)
+            return TurnResult(session_id, None, duplicate=True)
+        result = TurnResult(session_id, None)
+        if req.reply:
+            result = await self._answer(session_id, req, stored, on_chunk)
+        result.trimmed = await self._trim(session_id, req.principal)
+        return result
+
+    async def _answer(
+        self, session_id: str, req: TurnRequest, stored: StoredMessage, on_chunk: ChunkSink | None
+    ) -> TurnResult:
+        directive_reply = await self.memory.directive(
+            req.principal, req.text, session_id=session_id, message_id=req.message_id, said_at=req.said_at
+        )
+        if directive_reply is not None:
+            await self._store_reply(session_id, req, directive_reply)
+            if on_chunk:
+                await on_chunk(directive_reply)
+            return TurnResult(session_id, directive_reply)
+
+        history = await self.sessions.history(session_id)
+        conversation_text = " ".join(m.text for m in history[-6:])
+        mem = await self.memory.context(req.principal, conversation_text)
+        system = build_system_prompt(
+            persona=self.config.agent.persona,
+            agent_name=self.config.agent.name,
+            principal=req.principal,
+            operational=mem.operational,
+            personal=mem.personal,
+            previous_context=await self.sessions.previous_context(session_id),
+            budgets=self.budgets,
+        )
+        messages = [ChatMessage("system", system), *self._history_messages(history, stored)]
+        tools = self.memory.tools(req.principal, session_id=session_id, message_id=req.message_id, said_at=req.said_at)
+        try:
+            reply = await self._call_model(messages, tools, req.principal)
+        except LLMUnavailable as exc:
+            self.metrics.llm_errors.labels(self.provider.name).inc()
+            log.error("session %s: model unavailable: %s", session_id, exc)
+            if on_chunk:
+                await on_chunk(UNAVAILABLE_REPLY)
+            return TurnResult(session_id, UNAVAILABLE_REPLY, failed=True)
+        await self._store_reply(session_id, req, reply)
+        if on_chunk:
+            for chunk in _chunks(reply):
+                await on_chunk(chunk)
+        return TurnResult(session_id, reply, used_memory=mem.used_ids)
+
+    async def _call_model(self, messages: list[ChatMessage], tools: list[Tool], principal: Principal) -> str:
+        from gateway.llm.loop import run_tool_loop
+
+        self.metrics.llm_calls.labels(self.provider.name).inc()
+        result = await run_tool_loop(
+            self.provider, messages, tools, principal, max_steps=self.config.llm.max_tool_steps
+        )
+        text = result.text.strip()
+        return text or "(the model gave no answer)"
+
+    def _history_messages(self, history: list[StoredMessage], current: StoredMessage) -> list[ChatMessage]:
+        """Newest history that fits the budget; people's lines carry their stored identity."""
+        budget = self.config.session.history_token_budget
+        out: list[ChatMessage] = []
+        used = 0
+        for m in reversed(history):
+            if m.is_agent:
+                msg = ChatMessage("assistant", m.text)
+            else:
+                who = m.speaker_user_id or "unpaired"
+                msg = ChatMessage("user", f"[{m.display_name or who} · {who}] {m.text}")
+            cost = estimate_tokens(msg.content)
+            if used + cost > budget and out:
+                break
+            used += cost
+            out.append(msg)
+        out.reverse()
+        if not out or out[-1].content.find(current.text) < 0:
+            out.append(ChatMessage("user", current.text))
+        return out
+
+    async def _store_reply(self, session_id: str, req: TurnRequest, text: str) -> None:
+        await self.sessions.store_message(
+            session_id,
+            platform_message_id=f"{req.message_id}:reply",
+            speaker=None,
+            display_name=self.config.agent.name,
+            text=text,
+            said_at=self._clock(),
+            is_agent=True,
+        )
+
+    async def _trim(self, session_id: str, principal: Principal) -> TrimResult | None:
+        result = await self.sessions.trim(
+            session_id,
+            max_messages=self.config.session.max_messages,
+            keep_messages=self.config.session.keep_messages,
+            turn_principal=principal,
+            trust_of=self.memory.trust_of,
+        )
+        if result is not None:
+            log.info("session %s: trimmed %d messages into %s", session_id, result.message_count, result.archive_id)
+            if self._on_trim:
+                self._on_trim(result)
+        return result
+
+
+def _chunks(text: str, size: int = 48) -> list[str]:
+    """Reply pieces for streaming surfaces, cut after spaces."""
+    out: list[str] = []
+    start = 0
+    while start < len(text):
+        end = min(len(text), start + size)
+        if end < len(text):
+            space = text.rfind(" ", start, end)
+            end = space + 1 if space > start else end
+        out.append(text[start:end])
+        start = end
+    return out

@@ -1,0 +1,322 @@
+"""The aiohttp application: health, metrics, HTTP API, WebSocket and the web chat."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from gateway.config import Config
+from gateway.db import check
+from gateway.errors import DatabaseUnavailable
+from gateway.metrics import Metrics
+from gateway.sessions import SessionKey, SessionStore
+from gateway.turn import TurnHandler, TurnRequest
+from pairing.principal import Principal, Role, is_human_admin
+from pairing.store import PairingError, PairingStore
+
+log = logging.getLogger(__name__)
+STATIC = Path(__file__).parent / "static"
+DASHBOARD_USER = "admin"  # policy: "The dashboard stores its messages with the user ID admin"
+
+
+class ApiError(Exception):
+    """An error answered as JSON with a status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class WebContext:
+    """What the handlers need; set on the app."""
+
+    config: Config
+    pairing: PairingStore
+    sessions: SessionStore
+    turns: TurnHandler
+    metrics: Metrics
+    channel_status: Callable[[], dict[str, str]] = field(default=lambda: {})
+    extra_ready: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+
+CTX = web.AppKey("goclaw_ctx", WebContext)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def dashboard_open(cfg: Config) -> bool:
+    """No dashboard token and bound to loopback: the local web chat needs no login."""
+    return cfg.server.dashboard_token is None and _is_loopback(cfg.server.host)
+
+
+async def authenticate(ctx: WebContext, token: str | None) -> tuple[Principal, str]:
+    """The principal of a bearer token and the channel its messages are stored under.
+
+    API tokens map to unified users (their role comes from the pairing store);
+    the dashboard token is the operator, stored as user ``admin``.
+    """
+    cfg = ctx.config
+    dash = cfg.server.dashboard_token
+    if token and dash is not None and hmac.compare_digest(token, dash.get_secret_value()):
+        return Principal.human(DASHBOARD_USER, Role.ADMIN, "Dashboard"), "web"
+    if token:
+        for api_user in cfg.server.api_users:
+            if hmac.compare_digest(token, api_user.token.get_secret_value()):
+                try:
+                    return await ctx.pairing.principal_for_user(api_user.user), "api"
+                except PairingError:
+                    raise ApiError(403, f"this token's user {api_user.user} is not a known user") from None
+    if not token and dashboard_open(cfg):
+        raise ApiError(401, "missing token")
+    raise ApiError(401, "missing or wrong token: send 'Authorization: Bearer TOKEN'")
+
+
+def _bearer(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    return None
+
+
+def _conversation(principal: Principal, channel: str, session: str) -> SessionKey:
+    # Each caller's session names are their own: one user can never post into, or
+    # read, another's session by guessing its name.
+    owner = principal.user_id or "anonymous"
+    return SessionKey(channel, f"{owner}/{session}")
+
+
+def _validate_chat(body: Any, max_chars: int) -> tuple[str, str, str | None]:
+    if not isinstance(body, dict):
+        raise ApiError(400, 'the body must be a JSON object: {"session": "...", "text": "..."}')
+    session, text, message_id = body.get("session"), body.get("text"), body.get("message_id")
+    if session is None:
+        raise ApiError(400, "field 'session' is missing")
+    if not isinstance(session, str) or not session.strip() or len(session) > 200:
+        raise ApiError(400, "field 'session' must be a non-empty string of at most 200 characters")
+    if text is None:
+        raise ApiError(400, "field 'text' is missing")
+    if not isinstance(text, str):
+        raise ApiError(400, "field 'text' must be a string")
+    if not text.strip():
+        raise ApiError(400, "field 'text' is empty")
+    if len(text) > max_chars:
+        raise ApiError(413, f"field 'text' is longer than server.max_message_chars ({max_chars} characters)")
+    if message_id is not None and (not isinstance(message_id, str) or not message_id or len(message_id) > 200):
+        raise ApiError(400, "field 'message_id' must be a non-empty string of at most 200 characters")
+    return session.strip(), text, message_id
+
+
+@web.middleware
+async def errors_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """JSON errors; never a traceback in a response."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return web.json_response({"error": exc.message}, status=exc.status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return web.json_response({"error": exc.reason}, status=exc.status)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return web.json_response({"error": "internal error; it has been logged"}, status=500)
+
+
+async def healthz(_: web.Request) -> web.Response:
+    """The process is up."""
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """The database answers and enabled channels have started."""
+    ctx = request.app[CTX]
+    status: dict[str, Any] = {}
+    ready = True
+    try:
+        await check(ctx.sessions.engine)
+        status["database"] = "ok"
+    except DatabaseUnavailable as exc:
+        status["database"] = str(exc)
+        ready = False
+    channels = ctx.channel_status()
+    status["channels"] = channels
+    if any(v != "started" for v in channels.values()):
+        ready = False
+    return web.json_response({"ready": ready, **status}, status=200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text format."""
+    ctx = request.app[CTX]
+    ctx.metrics.queue_depth.set(await ctx.sessions.pending_jobs())
+    return web.Response(body=ctx.metrics.render(), content_type="text/plain", charset="utf-8")
+
+
+async def chat(request: web.Request) -> web.Response:
+    """POST /v1/chat: one message in, the reply out."""
+    ctx = request.app[CTX]
+    principal, channel = await authenticate(ctx, _bearer(request))
+    raw = await request.read()
+    if len(raw) > ctx.config.server.max_message_chars * 4 + 4096:
+        raise ApiError(
+            413, f"the request is larger than server.max_message_chars ({ctx.config.server.max_message_chars})"
+        )
+    try:
+        body = json.loads(raw or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ApiError(400, "the body is not valid JSON") from None
+    session, text, message_id = _validate_chat(body, ctx.config.server.max_message_chars)
+    result = await ctx.turns.handle(
+        TurnRequest(
+            key=_conversation(principal, channel, session),
+            principal=principal,
+            text=text,
+            message_id=message_id or "api-" + secrets.token_hex(8),
+            said_at=datetime.now(UTC),
+            display_name=principal.display_name,
+        )
+    )
+    payload: dict[str, Any] = {"session": session, "reply": result.reply}
+    if result.duplicate:
+        payload["duplicate"] = True
+    if result.failed:
+        payload["error"] = "model unavailable"
+        return web.json_response(payload, status=503)
+    return web.json_response(payload)
+
+
+async def session_messages(request: web.Request) -> web.Response:
+    """GET /v1/sessions/{id}/messages: a participant's (or an admin's) view of a session."""
+    ctx = request.app[CTX]
+    principal, channel = await authenticate(ctx, _bearer(request))
+    name = request.match_info["id"]
+    session_id = await ctx.sessions.find_session(_conversation(principal, channel, name))
+    if session_id is None and (is_human_admin(principal) or principal.user_id):
+        # An internal session id: admins may read any; others only where they spoke.
+        row = await ctx.sessions.get_session(name)
+        if row is not None and (
+            is_human_admin(principal) or (principal.user_id and await ctx.sessions.took_part(row.id, principal.user_id))
+        ):
+            session_id = row.id
+    if session_id is None:
+        raise ApiError(404, f"no session {name!r} that you can read")
+    messages = await ctx.sessions.all_messages(session_id)
+    return web.json_response({"session": name, "messages": [m.as_json() for m in messages]})
+
+
+async def websocket(request: web.Request) -> web.StreamResponse:
+    """GET /v1/ws: token as ?token= or in the first frame; then {"session","text"} frames."""
+    ctx = request.app[CTX]
+    token = request.query.get("token")
+    principal: Principal | None = None
+    channel = "api"
+    if token:
+        try:
+            principal, channel = await authenticate(ctx, token)
+        except ApiError as exc:
+            return web.json_response({"error": exc.message}, status=exc.status)
+    ws = web.WebSocketResponse(heartbeat=30, max_msg_size=ctx.config.server.max_message_chars * 4 + 4096)
+    await ws.prepare(request)
+    remote_local = _is_loopback(request.remote or "")
+    async for frame in ws:
+        if frame.type != WSMsgType.TEXT:
+            continue
+        try:
+            body = json.loads(frame.data)
+        except json.JSONDecodeError:
+            await ws.send_json({"type": "error", "error": "frames must be JSON"})
+            continue
+        if principal is None:
+            try:
+                if isinstance(body, dict) and body.get("dashboard") and dashboard_open(ctx.config) and remote_local:
+                    principal, channel = Principal.human(DASHBOARD_USER, Role.ADMIN, "Dashboard"), "web"
+                else:
+                    tok = body.get("token") if isinstance(body, dict) else None
+                    principal, channel = await authenticate(ctx, tok if isinstance(tok, str) else None)
+            except ApiError as exc:
+                await ws.send_json({"type": "error", "error": exc.message, "status": exc.status})
+                await ws.close()
+                break
+            await ws.send_json({"type": "ready", "user": principal.user_id, "role": principal.stored_role})
+            continue
+        try:
+            session, text, message_id = _validate_chat(body, ctx.config.server.max_message_chars)
+        except ApiError as exc:
+            await ws.send_json({"type": "error", "error": exc.message, "status": exc.status})
+            continue
+
+        async def send_chunk(chunk: str) -> None:
+            await ws.send_json({"type": "chunk", "text": chunk})
+
+        try:
+            result = await ctx.turns.handle(
+                TurnRequest(
+                    key=_conversation(principal, channel, session),
+                    principal=principal,
+                    text=text,
+                    message_id=message_id or "ws-" + secrets.token_hex(8),
+                    said_at=datetime.now(UTC),
+                    display_name=principal.display_name,
+                ),
+                on_chunk=send_chunk,
+            )
+        except Exception:
+            log.exception("websocket turn failed")
+            await ws.send_json({"type": "error", "error": "internal error; it has been logged", "status": 500})
+            continue
+        await ws.send_json({"type": "reply", "session": session, "reply": result.reply, "failed": result.failed})
+    return ws
+
+
+async def index(request: web.Request) -> web.StreamResponse:
+    """The web chat page."""
+    return web.FileResponse(STATIC / "index.html")
+
+
+async def dashboard_info(request: web.Request) -> web.Response:
+    """Whether the web chat needs a token (for the page's login form)."""
+    ctx = request.app[CTX]
+    return web.json_response(
+        {
+            "agent": ctx.config.agent.name,
+            "needs_token": not (dashboard_open(ctx.config) and _is_loopback(request.remote or "")),
+            "model": f"{ctx.config.llm.provider}/{ctx.config.llm.model}",
+        }
+    )
+
+
+def build_web_app(ctx: WebContext) -> web.Application:
+    """The aiohttp application with every route."""
+    app = web.Application(
+        middlewares=[errors_middleware], client_max_size=ctx.config.server.max_message_chars * 4 + 65536
+    )
+    app[CTX] = ctx
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/chat", chat)
+    app.router.add_get("/v1/sessions/{id}/messages", session_messages)
+    app.router.add_get("/v1/ws", websocket)
+    app.router.add_get("/", index)
+    app.router.add_get("/dashboard/info", dashboard_info)
+    app.router.add_static("/static/", STATIC)
+    return app

@@ -1,0 +1,121 @@
+"""The background worker: claims durable jobs and runs them, retrying with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+
+from gateway.metrics import Metrics
+from gateway.models import Job
+from gateway.sessions import SessionStore
+
+log = logging.getLogger(__name__)
+
+
+class ParkableError(Exception):
+    """A job failure that carries the model's raw answer, kept for inspection."""
+
+    def __init__(self, message: str, raw_answer: str) -> None:
+        super().__init__(message)
+        self.raw_answer = raw_answer
+
+
+JobHandler = Callable[[Job], Awaitable[None]]
+
+
+class JobWorker:
+    """Runs jobs until stopped; a job is finished only after its handler returned."""
+
+    def __init__(
+        self,
+        sessions: SessionStore,
+        handlers: Mapping[str, JobHandler],
+        *,
+        poll_interval: float = 1.0,
+        max_attempts: int = 5,
+        base_delay_s: float = 5.0,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.sessions = sessions
+        self.handlers = dict(handlers)
+        self.poll_interval = poll_interval
+        self.max_attempts = max_attempts
+        self.base_delay_s = base_delay_s
+        self.metrics = metrics
+        self.worker_id = "w_" + secrets.token_hex(4)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def wake(self) -> None:
+        """Look for work now (called after a trim)."""
+        self._wake.set()
+
+    async def run_once(self) -> bool:
+        """Claim and run one job; False when there was none."""
+        job = await self.sessions.claim_job(self.worker_id, kinds=tuple(self.handlers))
+        if job is None:
+            return False
+        handler = self.handlers[job.kind]
+        try:
+            await handler(job)
+        except ParkableError as exc:
+            status = await self.sessions.fail_job(
+                job.id,
+                str(exc),
+                raw_answer=exc.raw_answer,
+                max_attempts=self.max_attempts,
+                base_delay_s=self.base_delay_s,
+            )
+            log.warning("job %s (%s) failed: %s; now %s", job.id, job.kind, exc, status)
+            self._count(job.kind, status)
+            return True
+        except Exception as exc:
+            status = await self.sessions.fail_job(
+                job.id, f"{type(exc).__name__}: {exc}", max_attempts=self.max_attempts, base_delay_s=self.base_delay_s
+            )
+            log.warning("job %s (%s) failed: %s; now %s", job.id, job.kind, exc, status)
+            self._count(job.kind, status)
+            return True
+        await self.sessions.finish_job(job.id)
+        self._count(job.kind, "done")
+        return True
+
+    async def drain(self) -> int:
+        """Run every runnable job now (tests, `goclaw` CLI); returns how many ran."""
+        n = 0
+        while await self.run_once():
+            n += 1
+        return n
+
+    def _count(self, kind: str, outcome: str) -> None:
+        if self.metrics:
+            self.metrics.jobs.labels(kind, outcome).inc()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                while await self.run_once():
+                    pass
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("job worker: unexpected error; continuing")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+
+    async def start(self) -> None:
+        """Start polling in the background."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="goclaw-job-worker")
+
+    async def stop(self) -> None:
+        """Stop polling (a running job is cancelled and will be reclaimed after its lease)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
