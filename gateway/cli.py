@@ -237,6 +237,66 @@ def pairing_reject(channel: str, code: str, config: str | None = ConfigOpt) -> N
     out.print(f"rejected {req.code} from {req.display_name}", highlight=False)
 
 
+@app.command("chat")
+@cli_errors
+def chat_command(
+    as_user: str = typer.Option(..., "--as", help="The unified user id to chat as (see 'goclaw users list')."),
+    session: str = typer.Option("terminal", "--session", help="Session name."),
+    config: str | None = ConfigOpt,
+) -> None:
+    """Talk to the agent from the terminal, through the same turn handler as every channel."""
+    import secrets
+    from datetime import UTC, datetime
+
+    from gateway.app import Gateway
+    from gateway.sessions import SessionKey
+    from gateway.turn import TurnRequest
+
+    cfg = load(config)
+
+    async def go() -> None:
+        gw = Gateway(cfg)
+        await gw.start(channels=False)
+        try:
+            principal = await gw.pairing.principal_for_user(as_user)
+            out.print(
+                f"Chatting with {cfg.agent.name} as {principal.display_name} ({as_user}, "
+                f"role {principal.stored_role}). Ctrl-D to leave.",
+                highlight=False,
+            )
+            loop = asyncio.get_running_loop()
+            while True:
+                line = await loop.run_in_executor(None, _prompt_line)
+                if line is None:
+                    break
+                if not line.strip():
+                    continue
+                result = await gw.turns.handle(
+                    TurnRequest(
+                        key=SessionKey("cli", f"{as_user}/{session}"),
+                        principal=principal,
+                        text=line,
+                        message_id="cli-" + secrets.token_hex(8),
+                        said_at=datetime.now(UTC),
+                        display_name=principal.display_name,
+                    )
+                )
+                out.print(f"{cfg.agent.name}: ", style="bold", end="")
+                out.print(result.reply or "", markup=False, highlight=False)
+            await gw.worker.drain()
+        finally:
+            await gw.stop()
+
+    run(go())
+
+
+def _prompt_line() -> str | None:
+    try:
+        return input("you> ")
+    except EOFError:
+        return None
+
+
 def main() -> None:
     """Entry point of the ``goclaw`` console script."""
     app()

@@ -121,21 +121,24 @@ class TurnHandler:
         self.metrics = metrics or Metrics()
         self._clock = clock or (lambda: datetime.now(UTC))
         self._on_trim = on_trim
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._waiting: dict[str, int] = {}
+        self._locks: dict[SessionKey, asyncio.Lock] = {}
+        self._waiting: dict[SessionKey, int] = {}
         self._slots = asyncio.Semaphore(config.session.max_concurrent_sessions)
         self.budgets = PromptBudgets(memory=config.memory.prompt_token_budget)
 
     async def handle(self, req: TurnRequest, *, on_chunk: ChunkSink | None = None) -> TurnResult:
         """Store ``req`` (once), answer it if asked, and trim the session's history."""
         started = time.perf_counter()
-        session_id = await self.sessions.session_id(req.key)
-        self._waiting[session_id] = self._waiting.get(session_id, 0) + 1
-        lock = self._locks.setdefault(session_id, asyncio.Lock())
+        # The place in line is taken before the first await, so messages of one
+        # session are handled in the order they arrived (asyncio.Lock is FIFO).
+        key = req.key
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        lock = self._locks.setdefault(key, asyncio.Lock())
         self.metrics.in_flight.inc()
         outcome = "ok"
         try:
             async with lock, self._slots:
+                session_id = await self.sessions.session_id(key)
                 result = await self._handle_locked(session_id, req, on_chunk)
             outcome = "duplicate" if result.duplicate else ("failed" if result.failed else "ok")
             return result
@@ -144,10 +147,10 @@ class TurnHandler:
             raise
         finally:
             self.metrics.in_flight.dec()
-            self._waiting[session_id] -= 1
-            if not self._waiting[session_id]:
-                del self._waiting[session_id]
-                self._locks.pop(session_id, None)
+            self._waiting[key] -= 1
+            if not self._waiting[key]:
+                del self._waiting[key]
+                self._locks.pop(key, None)
             self.metrics.turns.labels(req.key.channel, outcome).inc()
             self.metrics.turn_seconds.observe(time.perf_counter() - started)
 
