@@ -1,0 +1,277 @@
+"""Anthropic's Messages API.
+
+The one network chokepoint to Anthropic: the official ``anthropic`` SDK's
+``AsyncAnthropic`` (``base_url`` configurable, so tests point it at a local
+server), with its own retries off so that ``gateway.llm.retry`` decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import anthropic
+
+from gateway.llm.base import ChatMessage, Completion, JsonSchema, LLMUnavailable, Tool, ToolCall
+from gateway.llm.retry import describe_failure, is_retryable_status, with_retries
+
+log = logging.getLogger(__name__)
+
+_FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    # APITimeoutError is a subclass of APIConnectionError; 529 "overloaded" is a 5xx.
+    if isinstance(exc, anthropic.APIConnectionError):
+        return True
+    return isinstance(exc, anthropic.APIStatusError) and is_retryable_status(exc.status_code)
+
+
+def strip_json_answer(text: str) -> str:
+    """The JSON document in a model's answer: code fences and any prose around it removed."""
+    stripped = text.strip()
+    fenced = _FENCE.match(stripped)
+    if fenced:
+        stripped = fenced.group(1).strip()
+    if stripped and stripped[0] not in "{[":
+        # "Here is the JSON: {...}" -- keep the outermost object.
+        start, end = stripped.find("{"), stripped.rfind("}")
+        if 0 <= start < end:
+            stripped = stripped[start : end + 1]
+    return stripped
+
+
+def json_instruction(schema: JsonSchema) -> str:
+    """The system-prompt instruction standing in for OpenAI's ``response_format``."""
+    return (
+        f"Answer with only a JSON document (named {schema.name}) that matches this JSON Schema. "
+        "No prose before or after it and no code fences.\n"
+        f"JSON Schema:\n{json.dumps(dict(schema.schema), indent=2, sort_keys=True)}"
+    )
+
+
+def _tool_call_as_text(call: ToolCall) -> str:
+    return f"[called tool {call.name} with {json.dumps(dict(call.arguments), sort_keys=True)}]"
+
+
+def messages_to_wire(messages: Sequence[ChatMessage], *, tools_offered: bool) -> tuple[str, list[dict[str, Any]]]:
+    """The ``system`` text and the ``messages`` list of a Messages API request.
+
+    System messages go to ``system`` (the API has no system role). Tool results
+    become ``tool_result`` blocks in a user turn. Consecutive turns of one role are
+    merged, since every tool_result answering an assistant turn must sit in the
+    single user turn that follows it. When no tools are offered (the tool loop's
+    last, text-only call), tool blocks are written as text instead: the API refuses
+    tool_use/tool_result blocks in a request that defines no tools.
+    """
+    system_parts: list[str] = []
+    wire: list[dict[str, Any]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if not blocks:
+            return
+        if wire and wire[-1]["role"] == role:
+            wire[-1]["content"].extend(blocks)
+        else:
+            wire.append({"role": role, "content": blocks})
+
+    def text_block(text: str) -> list[dict[str, Any]]:
+        # The API rejects empty text blocks.
+        return [{"type": "text", "text": text}] if text.strip() else []
+
+    for message in messages:
+        if message.role == "system":
+            if message.content.strip():
+                system_parts.append(message.content)
+        elif message.role == "user":
+            add("user", text_block(message.content))
+        elif message.role == "assistant":
+            blocks = text_block(message.content)
+            for call in message.tool_calls:
+                if tools_offered:
+                    blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": dict(call.arguments)})
+                else:
+                    blocks.extend(text_block(_tool_call_as_text(call)))
+            add("assistant", blocks)
+        elif tools_offered:
+            add(
+                "user",
+                [{"type": "tool_result", "tool_use_id": message.tool_call_id or "", "content": message.content}],
+            )
+        else:
+            add("user", text_block(f"[result of tool {message.name or message.tool_call_id}: {message.content}]"))
+    return "\n\n".join(system_parts), wire
+
+
+def tool_to_wire(tool: Tool) -> dict[str, Any]:
+    """One Tool in the Messages API ``tools`` format."""
+    return {"name": tool.name, "description": tool.description, "input_schema": dict(tool.parameters)}
+
+
+class AnthropicProvider:
+    """A Claude model behind the Messages API (``POST /v1/messages``)."""
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        temperature: float = 0.2,
+        max_tokens: int = 1024,
+        *,
+        retry_base_delay: float = 0.5,
+        retry_max_delay: float = 8.0,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    ) -> None:
+        """Hold settings only; ``start()`` opens the client.
+
+        Args:
+            model: Model name (``claude-sonnet-4-5``...).
+            base_url: API root without ``/v1``; None for api.anthropic.com.
+            api_key: The ``x-api-key``.
+            timeout: Seconds for one HTTP attempt.
+            max_retries: Retries after the first attempt (429, 5xx, timeouts, connection errors).
+            temperature: Kept for a uniform constructor, not sent: the installed SDK's
+                ``messages.create`` no longer takes ``temperature``.
+            max_tokens: Cap on the answer's length (the API requires one).
+            retry_base_delay: First backoff step in seconds.
+            retry_max_delay: Cap on one backoff step.
+            sleep: Waits between retries (tests pass a recorder).
+        """
+        self.model = model
+        self.base_url = base_url
+        self._api_key = api_key
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self._retry_base_delay = retry_base_delay
+        self._retry_max_delay = retry_max_delay
+        self._sleep = sleep
+        self._client: anthropic.AsyncAnthropic | None = None
+
+    async def start(self) -> None:
+        """Create the HTTP client (no request is made)."""
+        if self._client is None:
+            self._client = anthropic.AsyncAnthropic(
+                api_key=self._api_key,
+                base_url=self.base_url,
+                timeout=self.timeout,
+                max_retries=0,  # gateway.llm.retry decides, the same way for every provider
+            )
+
+    async def stop(self) -> None:
+        """Close the HTTP client."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    async def __aenter__(self) -> AnthropicProvider:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    @property
+    def _label(self) -> str:
+        return f"{self.name} model {self.model!r}"
+
+    def _require_client(self) -> anthropic.AsyncAnthropic:
+        if self._client is None:
+            raise RuntimeError("AnthropicProvider used before start(): call `await provider.start()` first")
+        return self._client
+
+    async def _call(self, request: Callable[[], Awaitable[Any]]) -> Any:
+        return await with_retries(
+            request,
+            attempts=self.max_retries + 1,
+            base_delay=self._retry_base_delay,
+            max_delay=self._retry_max_delay,
+            sleep=self._sleep,
+            is_retryable=_is_retryable,
+            errors=(anthropic.AnthropicError,),
+            describe=describe_failure,
+            label=self._label,
+        )
+
+    def _request(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Tool], json_schema: JsonSchema | None
+    ) -> dict[str, Any]:
+        system, wire = messages_to_wire(messages, tools_offered=bool(tools))
+        if json_schema is not None:
+            system = f"{system}\n\n{json_instruction(json_schema)}" if system else json_instruction(json_schema)
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": wire,
+            "max_tokens": self.max_tokens,
+        }
+        if system:
+            request["system"] = system
+        if tools:
+            request["tools"] = [tool_to_wire(t) for t in tools]
+        return request
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[Tool] = (),
+        json_schema: JsonSchema | None = None,
+    ) -> Completion:
+        """One Messages API call; raises LLMUnavailable after retries.
+
+        With ``json_schema``, the schema is put in the system prompt (the API has no
+        ``response_format``) and the answer's text is reduced to the JSON document.
+        """
+        client = self._require_client()
+        request = self._request(messages, tools, json_schema)
+        response = await self._call(lambda: client.messages.create(**request))
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for block in response.content or []:
+            if block.type == "text":
+                texts.append(block.text)
+            elif block.type == "tool_use":
+                arguments = block.input if isinstance(block.input, dict) else {}
+                calls.append(ToolCall(id=block.id, name=block.name, arguments=arguments))
+        text = "".join(texts)
+        if json_schema is not None:
+            text = strip_json_answer(text)
+        usage = response.usage
+        return Completion(
+            text=text,
+            tool_calls=tuple(calls),
+            model=response.model or self.model,
+            input_tokens=(usage.input_tokens or 0) if usage else 0,
+            output_tokens=(usage.output_tokens or 0) if usage else 0,
+        )
+
+    async def stream(self, messages: Sequence[ChatMessage]) -> AsyncGenerator[str, None]:
+        """Text chunks of a reply without tools.
+
+        Only opening the stream is retried: once text has gone out to the person,
+        a retry would repeat it, so a failure mid-stream raises LLMUnavailable.
+        """
+        client = self._require_client()
+        request = {**self._request(messages, (), None), "stream": True}
+        stream = await self._call(lambda: client.messages.create(**request))
+        try:
+            async for event in stream:
+                if event.type == "content_block_delta" and event.delta.type == "text_delta" and event.delta.text:
+                    yield event.delta.text
+        except anthropic.AnthropicError as exc:
+            raise LLMUnavailable(f"{self._label} stream interrupted: {describe_failure(exc)}") from exc
+        finally:
+            await stream.close()

@@ -1,0 +1,145 @@
+"""The tool loop: ask the model, run the tools it calls, send back the results, repeat.
+
+Permissions are enforced here, in code, not by the model: a tool is offered only
+when ``authorize(principal)`` allows it, and every call is checked again when the
+model makes it, because a model (or a prompt injected into it) may name a tool it
+was never offered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.llm.base import ChatMessage, Completion, LLMProvider, Tool, ToolCall
+from pairing.principal import Principal
+
+log = logging.getLogger(__name__)
+
+FALLBACK_TEXT = "Sorry, I couldn't put an answer together this time. Please try again, or ask in smaller steps."
+
+# Added before the last, tool-less call so the model knows why its tools are gone.
+FINAL_STEP_INSTRUCTION = (
+    "You have used all the tool calls allowed for this turn. Answer the person now, in plain text, "
+    "with what you have; say what you could not finish."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolLoopResult:
+    """What a tool loop produced.
+
+    Attributes:
+        text: The answer for the person (never empty: a fallback if the model gave none).
+        tool_calls_made: Every call the model made, as (name, arguments, result), in order;
+            refusals and errors included, with the text the model was given.
+        steps: Model calls made, including a final text-only call.
+        model: The model that gave the last answer, as the server named it.
+        input_tokens: Prompt tokens summed over all steps.
+        output_tokens: Completion tokens summed over all steps.
+    """
+
+    text: str
+    tool_calls_made: list[tuple[str, Mapping[str, Any], str]] = field(default_factory=list)
+    steps: int = 0
+    model: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+def _refusal(tool: Tool, principal: Principal) -> str | None:
+    """Why the principal may not use the tool, or None; a failing check refuses."""
+    try:
+        return tool.authorize(principal)
+    except Exception:
+        log.exception("authorize() of tool %s failed; refusing", tool.name)
+        return f"{tool.name} is not available right now"
+
+
+def offered_tools(tools: Sequence[Tool], principal: Principal) -> list[Tool]:
+    """The tools this principal may use, which are the only ones shown to the model."""
+    return [t for t in tools if _refusal(t, principal) is None]
+
+
+async def run_tool(tool: Tool | None, call: ToolCall, principal: Principal) -> str:
+    """Run one tool call and return the text the model gets back; never raises."""
+    if tool is None:
+        return f"error: unknown tool {call.name}"
+    refusal = _refusal(tool, principal)
+    if refusal is not None:
+        # The handler does not run: the refusal is the whole answer.
+        log.info("refused tool %s for %s: %s", call.name, principal.kind, refusal)
+        return refusal
+    try:
+        result = await tool.handler(principal, call.arguments)
+    except Exception as exc:
+        log.exception("tool %s failed", call.name)
+        return f"error: {call.name} failed: {str(exc) or type(exc).__name__}"
+    return result if isinstance(result, str) else str(result)
+
+
+async def run_tool_loop(
+    provider: LLMProvider,
+    messages: Sequence[ChatMessage],
+    tools: Sequence[Tool],
+    principal: Principal,
+    *,
+    max_steps: int,
+) -> ToolLoopResult:
+    """Let the model call tools until it answers in text, or the step budget runs out.
+
+    Args:
+        provider: The model.
+        messages: The conversation so far (system prompt first).
+        tools: Every tool the gateway has; only those the principal may use are offered.
+        principal: Who the turn runs as; each tool call is authorised for them.
+        max_steps: Model calls that may use tools; then one last call without tools.
+
+    Returns:
+        The answer and a record of the tool calls made.
+
+    Raises:
+        LLMUnavailable: when the model cannot be reached (after the provider's retries).
+    """
+    offered = offered_tools(tools, principal)
+    # Every known tool by name, offered or not: a call to one not offered gets its
+    # refusal ("admins only"), which tells the model more than "unknown tool".
+    by_name = {t.name: t for t in tools}
+    conversation = list(messages)
+    made: list[tuple[str, Mapping[str, Any], str]] = []
+    steps = input_tokens = output_tokens = 0
+    completion: Completion | None = None
+
+    def result(text: str) -> ToolLoopResult:
+        return ToolLoopResult(
+            text=text if text.strip() else FALLBACK_TEXT,
+            tool_calls_made=made,
+            steps=steps,
+            model=completion.model if completion else provider.model,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+        )
+
+    for _ in range(max(1, max_steps)):
+        completion = await provider.complete(conversation, tools=offered)
+        steps += 1
+        input_tokens += completion.input_tokens
+        output_tokens += completion.output_tokens
+        if not completion.tool_calls:
+            return result(completion.text)
+        conversation.append(ChatMessage(role="assistant", content=completion.text, tool_calls=completion.tool_calls))
+        for call in completion.tool_calls:
+            output = await run_tool(by_name.get(call.name), call, principal)
+            made.append((call.name, call.arguments, output))
+            conversation.append(ChatMessage(role="tool", content=output, tool_call_id=call.id, name=call.name))
+
+    log.info("tool loop reached max_steps=%d; asking for a text answer", max_steps)
+    conversation.append(ChatMessage(role="system", content=FINAL_STEP_INSTRUCTION))
+    completion = await provider.complete(conversation, tools=())
+    steps += 1
+    input_tokens += completion.input_tokens
+    output_tokens += completion.output_tokens
+    # Tool calls in this answer are ignored: no tools were offered, and the budget is spent.
+    return result(completion.text)

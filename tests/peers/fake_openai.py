@@ -1,0 +1,271 @@
+"""A local OpenAI-compatible server speaking the real chat.completions wire format.
+
+Tests script its answers in order and read back every request it received::
+
+    async with FakeOpenAI() as peer:
+        peer.reply_error(429, retry_after=2)
+        peer.reply_tool_calls(("lookup", {"q": "report"}))
+        peer.reply_text("It comes from the warehouse.")
+        provider = OpenAIProvider(model="gpt-test", base_url=peer.base_url, api_key="sk-test")
+        ...
+        assert peer.requests[1]["messages"][-1]["role"] == "tool"
+
+Each POST /v1/chat/completions takes the next scripted reply: JSON for a normal
+request, SSE ``data: {...}`` chunks ending ``data: [DONE]`` when the body says
+``"stream": true``. It fails loudly: a request the real API would refuse (a tool
+call left unanswered, an unknown role) or one with no reply left scripted gets a
+400 whose message says why, and the reason is kept in ``rejections``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "permission_denied",
+    404: "invalid_request_error",
+    429: "rate_limit_exceeded",
+}
+
+ERROR_CODES = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded"}
+
+
+def split_for_stream(text: str) -> list[str]:
+    """Word-sized chunks (each keeping its trailing space), as a server would stream them."""
+    return re.findall(r"\S+\s*|\s+", text) or [text]
+
+
+@dataclass
+class ScriptedReply:
+    """One answer the fake will give, in order."""
+
+    text: str = ""
+    chunks: list[str] | None = None
+    tool_calls: list[tuple[str, str, Any]] = field(default_factory=list)  # (id, name, arguments)
+    status: int = 200
+    error_message: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    usage: tuple[int, int] = (12, 7)
+    model: str | None = None
+
+
+class FakeOpenAI:
+    """An aiohttp server on 127.0.0.1 (a free port) implementing POST /v1/chat/completions."""
+
+    def __init__(self) -> None:
+        """Prepare an empty script; ``start()`` binds the port."""
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # lower-cased names
+        self.rejections: list[str] = []
+        self._script: deque[ScriptedReply] = deque()
+        self._ids = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen on 127.0.0.1, on a port the OS picks."""
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        self._runner = web.AppRunner(app, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        """Close the listener and every connection."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def __aenter__(self) -> FakeOpenAI:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    @property
+    def base_url(self) -> str:
+        """What a client passes as ``base_url`` (ends in ``/v1``)."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    # ---- scripting --------------------------------------------------------------------
+
+    def reply_text(
+        self,
+        text: str,
+        *,
+        chunks: list[str] | None = None,
+        delay: float = 0.0,
+        usage: tuple[int, int] = (12, 7),
+        model: str | None = None,
+    ) -> None:
+        """Answer the next request with text (streamed as ``chunks``, default word by word)."""
+        self._script.append(ScriptedReply(text=text, chunks=chunks, delay=delay, usage=usage, model=model))
+
+    def reply_tool_calls(self, *calls: tuple[str, Any], text: str = "") -> list[str]:
+        """Answer the next request with tool calls, each ``(name, arguments)``.
+
+        ``arguments`` is a dict (sent JSON-encoded, as the API does) or a raw string
+        (to send malformed JSON). Returns the call ids, in order.
+        """
+        scripted = [(f"call_{next(self._ids)}", name, arguments) for name, arguments in calls]
+        self._script.append(ScriptedReply(text=text, tool_calls=scripted))
+        return [call_id for call_id, _, _ in scripted]
+
+    def reply_error(self, status: int, message: str | None = None, *, retry_after: float | str | None = None) -> None:
+        """Answer the next request with an HTTP error in the API's error body shape."""
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+        self._script.append(
+            ScriptedReply(status=status, error_message=message or f"fake error {status}", headers=headers)
+        )
+
+    @property
+    def pending(self) -> int:
+        """Scripted replies not yet used."""
+        return len(self._script)
+
+    # ---- the endpoint -----------------------------------------------------------------
+
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return self._reject("request body is not JSON")
+        self.requests.append(body)
+        self.headers.append({k.lower(): v for k, v in request.headers.items()})
+        problem = _validate(body)
+        if problem:
+            return self._reject(problem)
+        if not self._script:
+            return self._reject("fake_openai: no scripted reply left for this request")
+        reply = self._script.popleft()
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        if reply.status != 200:
+            return _error(reply.status, reply.error_message, reply.headers)
+        model = reply.model or body["model"]
+        if body.get("stream"):
+            if reply.tool_calls:
+                return self._reject("fake_openai: streaming tool calls is not scripted")
+            return await _stream(request, reply, model)
+        return web.json_response(_completion(reply, model))
+
+    def _reject(self, problem: str) -> web.Response:
+        self.rejections.append(problem)
+        return _error(400, problem, {})
+
+
+def _error(status: int, message: str, headers: dict[str, str]) -> web.Response:
+    error_type = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = {"error": {"message": message, "type": error_type, "param": None, "code": ERROR_CODES.get(status)}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def _completion(reply: ScriptedReply, model: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text or None, "refusal": None}
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+            for call_id, name, arguments in reply.tool_calls
+        ]
+    prompt, completion = reply.usage
+    return {
+        "id": f"chatcmpl-fake{time.monotonic_ns()}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if reply.tool_calls else "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+    }
+
+
+async def _stream(request: web.Request, reply: ScriptedReply, model: str) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    base = {"id": f"chatcmpl-fake{time.monotonic_ns()}", "object": "chat.completion.chunk", "created": 0}
+    base["model"] = model
+
+    async def send(delta: dict[str, Any], finish: str | None = None) -> None:
+        chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+    await send({"role": "assistant", "content": ""})
+    for piece in reply.chunks if reply.chunks is not None else split_for_stream(reply.text):
+        await send({"content": piece})
+    await send({}, "stop")
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def _validate(body: Any) -> str | None:
+    """What the real API would refuse in this request body, or None."""
+    if not isinstance(body, dict):
+        return "request body must be a JSON object"
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return "you must provide a model parameter"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages: must be a non-empty array"
+    for tool in body.get("tools") or []:
+        if tool.get("type") != "function" or not isinstance(tool.get("function", {}).get("name"), str):
+            return f"tools: invalid tool {tool!r}"
+    unanswered: list[str] = []
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            return f"messages[{i}].role: unknown role {role!r}"
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id not in unanswered:
+                return f"messages[{i}]: tool message answers {call_id!r}, which no preceding tool_calls asked for"
+            unanswered.remove(call_id)
+            continue
+        if unanswered:
+            return (
+                "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+                f"'tool_call_id'. Missing: {', '.join(unanswered)}"
+            )
+        if role == "assistant":
+            for call in message.get("tool_calls") or []:
+                try:
+                    json.loads(call["function"]["arguments"])
+                except (KeyError, TypeError, json.JSONDecodeError):
+                    return f"messages[{i}].tool_calls: arguments must be a JSON string"
+                unanswered.append(call["id"])
+    if unanswered:
+        return f"tool_calls without tool messages: {', '.join(unanswered)}"
+    return None
