@@ -53,7 +53,14 @@ def make_engine(url: str, *, echo: bool = False) -> AsyncEngine:
     prepare_sqlite_dir(url)
     kwargs: dict[str, Any] = {"echo": echo}
     if url.startswith("sqlite"):
+        # SQLite has one writer at a time; several pooled connections only make
+        # them wait on each other in SQLite's busy handler (sleeps of up to 100 ms).
+        # One connection, queued in asyncio, is faster and fair. PostgreSQL is the
+        # path for concurrency across processes.
         kwargs["connect_args"] = {"timeout": 30}
+        kwargs["pool_size"] = 1
+        kwargs["max_overflow"] = 0
+        kwargs["pool_timeout"] = 60
     else:
         kwargs["pool_pre_ping"] = True
     engine = create_async_engine(url, **kwargs)

@@ -66,6 +66,16 @@ class StoredMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnStart:
+    """The opening of a turn, read and written in one transaction."""
+
+    session_id: str
+    stored: StoredMessage | None  # None: this platform message id was already stored
+    history: list[StoredMessage]  # untrimmed, oldest first, including ``stored``
+    previous_context: str
+
+
+@dataclass(frozen=True, slots=True)
 class TrimResult:
     """What one trim produced, all in one transaction."""
 
@@ -221,6 +231,90 @@ class SessionStore:
             )
         ).scalar_one_or_none()
 
+    async def begin_turn(
+        self,
+        key: SessionKey,
+        *,
+        platform_message_id: str,
+        speaker: Principal,
+        display_name: str,
+        text: str,
+        said_at: datetime,
+        history_limit: int,
+    ) -> TurnStart:
+        """Find or create the session, store the message once, and read what the prompt needs.
+
+        One transaction on the hot path of every turn (Core statements, no ORM):
+        fewer round trips is most of what a turn costs on SQLite.
+        """
+        sess, msgs = Session.__table__, Message.__table__
+        thread = key.thread_id or ""
+        async with self.engine.begin() as conn:
+            where = (sess.c.channel == key.channel) & (sess.c.conversation_id == key.conversation_id)
+            where &= sess.c.thread_id == thread
+            row = (await conn.execute(select(sess.c.id, sess.c.previous_context).where(where))).first()
+            if row is None:
+                now = self.now()
+                await conn.execute(
+                    self._insert(sess)
+                    .values(
+                        id="s_" + secrets.token_hex(8),
+                        channel=key.channel,
+                        conversation_id=key.conversation_id,
+                        thread_id=thread,
+                        parent_conversation_id=key.parent_conversation_id,
+                        previous_context="",
+                        created_at=now,
+                        updated_at=now,
+                    )
+                    .on_conflict_do_nothing(index_elements=["channel", "conversation_id", "thread_id"])
+                )
+                row = (await conn.execute(select(sess.c.id, sess.c.previous_context).where(where))).one()
+            session_id, previous = row.id, row.previous_context
+            new_id = (
+                await conn.execute(
+                    self._insert(msgs)
+                    .values(
+                        session_id=session_id,
+                        platform_message_id=platform_message_id,
+                        speaker_user_id=speaker.user_id,
+                        stored_role=speaker.stored_role,
+                        display_name=display_name,
+                        text=text,
+                        said_at=said_at,
+                        is_agent=False,
+                        created_at=self.now(),
+                    )
+                    .on_conflict_do_nothing(index_elements=["session_id", "platform_message_id"])
+                    .returning(msgs.c.id)
+                )
+            ).scalar_one_or_none()
+            if new_id is None:
+                return TurnStart(session_id, None, [], previous)
+            rows = (
+                await conn.execute(
+                    select(msgs)
+                    .where(msgs.c.session_id == session_id, msgs.c.archive_id.is_(None))
+                    .order_by(msgs.c.id.desc())
+                    .limit(history_limit)
+                )
+            ).all()
+        history = [
+            StoredMessage(
+                r.id,
+                r.session_id,
+                r.platform_message_id,
+                r.speaker_user_id,
+                r.stored_role,
+                r.display_name,
+                r.text,
+                r.said_at,
+                r.is_agent,
+            )
+            for r in reversed(rows)
+        ]
+        return TurnStart(session_id, history[-1] if history else None, history, previous)
+
     async def get_session(self, session_id: str) -> Session | None:
         """A session row."""
         async with self._sessions() as s:
@@ -249,9 +343,10 @@ class SessionStore:
         """
         user_id = speaker.user_id if speaker is not None and not is_agent else None
         role = speaker.stored_role if speaker is not None and not is_agent else None
-        async with self._sessions.begin() as s:
+        msgs = Message.__table__
+        async with self.engine.begin() as conn:
             stmt = (
-                self._insert(Message)
+                self._insert(msgs)
                 .values(
                     session_id=session_id,
                     platform_message_id=platform_message_id,
@@ -264,12 +359,11 @@ class SessionStore:
                     created_at=self.now(),
                 )
                 .on_conflict_do_nothing(index_elements=["session_id", "platform_message_id"])
-                .returning(Message.id)
+                .returning(msgs.c.id)
             )
-            new_id = (await s.execute(stmt)).scalar_one_or_none()
+            new_id = (await conn.execute(stmt)).scalar_one_or_none()
             if new_id is None:
                 return None
-            await s.execute(update(Session).where(Session.id == session_id).values(updated_at=self.now()))
         return StoredMessage(
             new_id, session_id, platform_message_id, user_id, role, display_name, text, said_at, is_agent
         )

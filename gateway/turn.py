@@ -138,8 +138,7 @@ class TurnHandler:
         outcome = "ok"
         try:
             async with lock, self._slots:
-                session_id = await self.sessions.session_id(key)
-                result = await self._handle_locked(session_id, req, on_chunk)
+                result = await self._handle_locked(req, on_chunk)
             outcome = "duplicate" if result.duplicate else ("failed" if result.failed else "ok")
             return result
         except Exception:
@@ -154,26 +153,38 @@ class TurnHandler:
             self.metrics.turns.labels(req.key.channel, outcome).inc()
             self.metrics.turn_seconds.observe(time.perf_counter() - started)
 
-    async def _handle_locked(self, session_id: str, req: TurnRequest, on_chunk: ChunkSink | None) -> TurnResult:
-        stored = await self.sessions.store_message(
-            session_id,
+    async def _handle_locked(self, req: TurnRequest, on_chunk: ChunkSink | None) -> TurnResult:
+        start = await self.sessions.begin_turn(
+            req.key,
             platform_message_id=req.message_id,
             speaker=req.principal,
             display_name=req.display_name or req.principal.display_name,
             text=req.text,
             said_at=req.said_at,
+            # Trimming keeps history below max_messages, so this reads all of it.
+            history_limit=self.config.session.max_messages + 2,
         )
-        if stored is None:
+        session_id = start.session_id
+        if start.stored is None:
             log.info("session %s: message %s already handled; ignoring redelivery", session_id, req.message_id)
             return TurnResult(session_id, None, duplicate=True)
         result = TurnResult(session_id, None)
+        live = len(start.history)
         if req.reply:
-            result = await self._answer(session_id, req, stored, on_chunk)
-        result.trimmed = await self._trim(session_id, req.principal)
+            result = await self._answer(session_id, req, start.stored, start.history, start.previous_context, on_chunk)
+            live += 1  # the stored reply
+        if live > self.config.session.max_messages:
+            result.trimmed = await self._trim(session_id, req.principal)
         return result
 
     async def _answer(
-        self, session_id: str, req: TurnRequest, stored: StoredMessage, on_chunk: ChunkSink | None
+        self,
+        session_id: str,
+        req: TurnRequest,
+        stored: StoredMessage,
+        history: list[StoredMessage],
+        previous_context: str,
+        on_chunk: ChunkSink | None,
     ) -> TurnResult:
         directive_reply = await self.memory.directive(
             req.principal, req.text, session_id=session_id, message_id=req.message_id, said_at=req.said_at
@@ -184,7 +195,6 @@ class TurnHandler:
                 await on_chunk(directive_reply)
             return TurnResult(session_id, directive_reply)
 
-        history = await self.sessions.history(session_id)
         conversation_text = " ".join(m.text for m in history[-6:])
         mem = await self.memory.context(req.principal, conversation_text)
         system = build_system_prompt(
@@ -193,7 +203,7 @@ class TurnHandler:
             principal=req.principal,
             operational=mem.operational,
             personal=mem.personal,
-            previous_context=await self.sessions.previous_context(session_id),
+            previous_context=previous_context,
             budgets=self.budgets,
         )
         messages = [ChatMessage("system", system), *self._history_messages(history, stored)]

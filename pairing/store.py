@@ -212,9 +212,15 @@ class PairingStore:
             return Principal.human(row.id, Role(row.role), display_name or row.display_name)
 
     async def principal_for_user(self, user_id: str) -> Principal:
-        """The principal of a unified user id (API tokens, `goclaw chat --as`)."""
-        user = await self.get_user(user_id)
-        return Principal.human(user.id, user.role, user.display_name)
+        """The principal of a unified user id (API tokens, `goclaw chat --as`).
+
+        Read on every request, never cached: a role change takes effect at once.
+        """
+        async with self._sessions() as s:
+            row = (await s.execute(select(User.role, User.display_name).where(User.id == user_id))).first()
+        if row is None:
+            raise PairingError(f"no user {user_id!r}: see 'goclaw users list'")
+        return Principal.human(user_id, Role(row.role), row.display_name)
 
     # ---- pairing codes -------------------------------------------------------
 
