@@ -95,12 +95,11 @@ class Dispatcher:
         return await self._turn(msg, principal or Principal.unpaired(msg.display_name), reply=addressed)
 
     async def _turn(self, msg: InboundMessage, principal: Principal, *, reply: bool) -> str | None:
-        text = msg.text
-        if msg.attachments:
-            text = (text + " " + " ".join(f"[attachment: {a}]" for a in msg.attachments if a not in text)).strip()
+        # Adapters already note attachments in the text as [attachment: name].
+        text = msg.text.strip()
         if not text:
             return None
-        parent = msg.conversation_ids[0] if msg.thread_id and msg.conversation_ids else None
+        parent = next((c for c in msg.conversation_ids if c != msg.conversation_id), None) if msg.thread_id else None
         result = await self.turns.handle(
             TurnRequest(
                 key=SessionKey(msg.channel, msg.conversation_id, msg.thread_id or "", parent),
