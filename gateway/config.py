@@ -319,9 +319,9 @@ def load_config(path: str | Path, env: dict[str, str] | None = None) -> Config:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "somewhere"
+        at = f"line {mark.line + 1}" if mark else "somewhere"
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError([f"{where}: not valid YAML ({problem})"], str(p)) from None
+        raise ConfigError([f"{at}: not valid YAML ({problem})"], str(p)) from None
     lines: dict[tuple[str | int, ...], int] = {}
     if node is not None:
         _lines(node, (), lines)

@@ -156,3 +156,12 @@ def test_unreachable_postgres_is_a_clear_error(tmp_path: Path) -> None:
     result = goclaw("db", "upgrade", cwd=tmp_path)
     assert result.returncode == 2
     assert "cannot use the database at postgresql+asyncpg://nobody@127.0.0.1:1/none" in result.stderr
+
+
+def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("agent:\n  name: x\n  persona: [unclosed\n")
+    result = goclaw("config", "check", "--config", str(cfg), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "not valid YAML" in result.stderr
+    assert "line" in result.stderr
