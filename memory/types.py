@@ -31,3 +31,20 @@ class SliceMessage:
     text: str
     said_at: datetime
     is_agent: bool = False
+
+
+KINDS: tuple[str, ...] = ("identity", "preference", "operational", "request", "task")
+"""What an extracted item can be (the extractor prompt explains each)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExtractedItem:
+    """One item the extractor found in a speaker's lines.
+
+    ``kind`` is the classification (soft, the model's); what happens to the
+    item is decided in code by ``handle_fact_extract`` through the write gate.
+    """
+
+    kind: str
+    subject: str
+    content: str

@@ -1,0 +1,178 @@
+"""Benchmark: choosing and rendering memory for a turn's prompt at 100,000 records.
+
+Fills a temporary SQLite database (migrated by Alembic, as in production) with
+100,000 memory records -- operational notes with their superseded history and
+personal records for many people -- then runs ``memory_sections`` for varied
+conversations and speakers, and prints p50/p99 latency and the tokens injected
+against the budget. Asserts the budget is never exceeded.
+
+The fill writes rows directly (bulk insert, the same columns and term index the
+store writes); the gate is for what people and runs say, and this is a fixture.
+
+Usage: .venv/bin/python bench/memory_prompt.py [--records N] [--runs N] [--budget N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gateway.db import make_engine, upgrade
+from memory.models import MemoryRecord, MemoryTerm
+from memory.render import memory_sections
+from memory.store import MemoryStore, note_terms
+from memory.words import subject_key
+from pairing.principal import Principal, Role
+
+NOW = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+TOPICS = [
+    "report", "invoice", "server", "backup", "deploy", "holiday", "payroll", "customer", "supplier", "warehouse",
+    "dashboard", "export", "forecast", "ticket", "release", "budget", "contract", "audit", "security", "database",
+]  # fmt: skip
+SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "xe", "zu", "pa", "qi", "fo", "de", "gi", "ha"]
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 4)))
+
+
+def _sentence(rng: random.Random, vocab: list[str], topic: str, n: int) -> str:
+    return f"{topic} " + " ".join(rng.choice(vocab) for _ in range(n))
+
+
+def _row(rng: random.Random, **kw: Any) -> dict[str, Any]:
+    said = NOW - timedelta(minutes=rng.randint(0, 60 * 24 * 80))
+    base = {
+        "id": "m_" + secrets.token_hex(8),
+        "owner_user_id": None,
+        "said_at": said,
+        "recorded_at": said,
+        "review_by": None,
+        "source": "live",
+        "author_user_id": "u_admin0",
+        "author_role": "admin",
+        "session_id": "s_bench",
+        "evidence": ["msg-1"],
+        "run_id": None,
+        "superseded_by": None,
+    }
+    base.update(kw)
+    base["subject_key"] = subject_key(base["subject"])
+    return base
+
+
+async def fill(store_engine: Any, records: int, users: int, rng: random.Random) -> dict[str, int]:
+    vocab = [_word(rng) for _ in range(3000)]
+    rows: list[dict[str, Any]] = []
+    terms_rows: list[dict[str, str]] = []
+    n_notes = records // 5  # 20% operational notes (a third live, the rest their history)
+    subjects = [f"{rng.choice(TOPICS)} {_word(rng)}" for _ in range(n_notes // 3)]
+    live_subjects: set[str] = set()
+    for i in range(n_notes):
+        subject = subjects[i % len(subjects)]
+        live = subject not in live_subjects
+        live_subjects.add(subject)
+        content = _sentence(rng, vocab, subject.split()[0], rng.randint(6, 24))
+        row = _row(
+            rng,
+            scope="agent_notes",
+            subject=subject,
+            content=content,
+            status="live" if live else "superseded",
+            review_by=NOW + timedelta(days=rng.randint(-5, 90)),
+        )
+        rows.append(row)
+        if live:
+            terms_rows.extend({"term": t, "record_id": row["id"]} for t in note_terms(subject, content))
+    for _ in range(records - n_notes):
+        uid = f"u_{rng.randrange(users)}"
+        topic = rng.choice(TOPICS)
+        rows.append(
+            _row(
+                rng,
+                scope="personal",
+                owner_user_id=uid,
+                subject=f"{topic} preference",
+                content=_sentence(rng, vocab, topic, rng.randint(4, 16)),
+                status="live" if rng.random() < 0.8 else "superseded",
+                author_user_id=uid,
+                author_role="user",
+            )
+        )
+    async with store_engine.begin() as conn:
+        for start in range(0, len(rows), 5000):
+            await conn.execute(MemoryRecord.__table__.insert(), rows[start : start + 5000])
+        for start in range(0, len(terms_rows), 20000):
+            await conn.execute(MemoryTerm.__table__.insert(), terms_rows[start : start + 20000])
+    return {"records": len(rows), "live_notes": len(live_subjects), "terms": len(terms_rows), "vocab": len(vocab)}
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--users", type=int, default=2_000)
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--budget", type=int, default=1200)
+    args = parser.parse_args()
+    rng = random.Random(42)
+
+    with tempfile.TemporaryDirectory(prefix="goclaw-bench-") as folder:
+        engine = make_engine(f"sqlite+aiosqlite:///{Path(folder) / 'bench.db'}")
+        await upgrade(engine)
+        t0 = time.perf_counter()
+        shape = await fill(engine, args.records, args.users, rng)
+        print(
+            f"filled {shape['records']:,} records ({shape['live_notes']:,} live notes, {shape['terms']:,} index terms) "
+            f"in {time.perf_counter() - t0:.1f}s"
+        )
+        store = MemoryStore(engine, clock=lambda: NOW)
+        vocab_sample = [_word(rng) for _ in range(500)]
+        speakers = [Principal.human(f"u_{rng.randrange(args.users)}", Role.USER) for _ in range(50)]
+        speakers += [Principal.human("u_admin0", Role.ADMIN), Principal.system("cron-system"), Principal.unpaired()]
+
+        # Warm the connection pool and SQLite's page cache, as a running gateway would be.
+        for _ in range(10):
+            await memory_sections(store, speakers[0], "report invoice", token_budget=args.budget)
+
+        timings: list[float] = []
+        tokens: list[int] = []
+        items: list[int] = []
+        for run in range(args.runs):
+            principal = speakers[run % len(speakers)]
+            words = [rng.choice(TOPICS) for _ in range(rng.randint(0, 3))]
+            words += [rng.choice(vocab_sample) for _ in range(rng.randint(0, 12))]
+            conversation = "Can you help me with the " + " ".join(words) + " please? " * rng.randint(0, 3)
+            start = time.perf_counter()
+            sections = await memory_sections(store, principal, conversation, token_budget=args.budget)
+            timings.append((time.perf_counter() - start) * 1000)
+            tokens.append(sections.tokens)
+            items.append(len(sections.used_ids))
+            assert sections.tokens <= args.budget, (sections.tokens, args.budget)
+            if principal.is_system or not principal.is_human:
+                assert sections.personal == ""
+        await engine.dispose()
+
+    timings.sort()
+    p50 = statistics.median(timings)
+    p99 = timings[min(len(timings) - 1, math.ceil(0.99 * len(timings)) - 1)]
+    print(f"memory_sections x{args.runs}: p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {timings[-1]:.2f} ms")
+    print(
+        f"tokens injected: mean {statistics.mean(tokens):.0f}, max {max(tokens)} of budget {args.budget} "
+        f"(never exceeded); items per prompt: mean {statistics.mean(items):.1f}"
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,94 @@
+"""Tables of the memory store: records, their retirements, and the live-notes term index."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, ForeignKey, Index, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from pairing.models import UTCDateTime
+
+SCOPES: tuple[str, ...] = ("personal", "agent_notes", "global", "agent_config")
+STATUSES: tuple[str, ...] = ("live", "superseded", "unverified", "rejected", "retracted", "expired")
+SOURCES: tuple[str, ...] = ("live", "relearn", "memory_write", "directive", "confirm", "consolidate")
+VIAS: tuple[str, ...] = ("subject_rule", "belief_revision", "consolidation")
+CAUSES: tuple[str, ...] = ("live", "relearn", "confirm", "revise", "consolidate")
+
+
+class MemoryBase(DeclarativeBase):
+    """Declarative base of the memory tables."""
+
+
+class MemoryRecord(MemoryBase):
+    """One thing the agent remembers, with who taught it and when it was said.
+
+    Append-only: after insert only ``status`` and ``superseded_by`` change, and
+    every retirement is a row in ``memory_revisions``.
+    """
+
+    __tablename__ = "memory_records"
+    __table_args__ = (
+        # Prompt rendering and listing: one person's live records, newest first.
+        Index("ix_memory_records_scope_owner_status", "scope", "owner_user_id", "status", "said_at"),
+        # The subject rule: the live record(s) on one subject.
+        Index("ix_memory_records_scope_subject_status", "scope", "subject_key", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(16))
+    owner_user_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    subject: Mapped[str] = mapped_column(String(200))
+    subject_key: Mapped[str] = mapped_column(String(200))
+    content: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))
+    said_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    review_by: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    source: Mapped[str] = mapped_column(String(16))
+    author_user_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    author_role: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    session_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    evidence: Mapped[list[Any]] = mapped_column(JSON)
+    run_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    superseded_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
+
+
+class MemoryRevision(MemoryBase):
+    """One retirement: which record replaced which, why, how it was decided, and by which run.
+
+    ``undone_at``/``undone_by`` are set by undo; an undone row is a veto for
+    that pair of records.
+    """
+
+    __tablename__ = "memory_revisions"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    retired_id: Mapped[str] = mapped_column(ForeignKey("memory_records.id"), index=True)
+    replacing_id: Mapped[str | None] = mapped_column(ForeignKey("memory_records.id"), nullable=True, index=True)
+    reason: Mapped[str] = mapped_column(Text)
+    via: Mapped[str] = mapped_column(String(24))
+    cause: Mapped[str] = mapped_column(String(16))
+    run_id: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)
+    judge_model: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    prompt_version: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    undone_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    undone_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+
+
+class MemoryTerm(MemoryBase):
+    """The words of each live agent note: a derived index for choosing notes by relevance.
+
+    Kept in the same transaction as the record's status: a note's terms are
+    added when it is written live and removed when it leaves ``live``. It holds
+    nothing that is not in ``memory_records``.
+    """
+
+    __tablename__ = "memory_terms"
+
+    term: Mapped[str] = mapped_column(String(64), primary_key=True)
+    record_id: Mapped[str] = mapped_column(
+        ForeignKey("memory_records.id", ondelete="CASCADE"), primary_key=True, index=True
+    )

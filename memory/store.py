@@ -1,0 +1,731 @@
+"""The memory store: append-only records, the subject rule, revisions, and the reads.
+
+Writing takes a :class:`~memory.gate.GateDecision`: there is no way to add a
+record without having asked the gate (``MemoryWriter`` in ``memory.writer`` is
+the usual way in; it asks the gate and calls :meth:`MemoryStore.add`).
+
+Nothing is edited in place: after insert only ``status`` and ``superseded_by``
+change, and every retirement writes a ``memory_revisions`` row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Float,
+    Integer,
+    String,
+    and_,
+    bindparam,
+    cast,
+    delete,
+    func,
+    literal,
+    or_,
+    select,
+    text,
+    union_all,
+    update,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
+
+from memory.gate import GateDecision
+from memory.models import CAUSES, SCOPES, STATUSES, VIAS, MemoryRecord, MemoryRevision, MemoryTerm
+from memory.words import subject_key, terms
+from pairing.models import UTCDateTime
+
+MAX_REVIEW_DAYS = 90
+MAX_SUBJECT_CHARS = 200
+MAX_NOTE_TERMS = 64
+
+# The cause a retirement records for each source that wrote the replacing record.
+_CAUSE_OF_SOURCE: Mapping[str, str] = {
+    "live": "live",
+    "memory_write": "live",
+    "directive": "live",
+    "relearn": "relearn",
+    "confirm": "confirm",
+    "consolidate": "consolidate",
+}
+
+R = MemoryRecord.__table__.c
+
+
+class MemoryStoreError(Exception):
+    """A memory operation that cannot be done; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRecordView:
+    """A memory record as read from the store."""
+
+    id: str
+    scope: str
+    owner_user_id: str | None
+    subject: str
+    subject_key: str
+    content: str
+    status: str
+    said_at: datetime
+    recorded_at: datetime
+    review_by: datetime | None
+    source: str
+    author_user_id: str | None
+    author_role: str | None
+    session_id: str | None
+    evidence: tuple[str, ...]
+    run_id: str | None
+    superseded_by: str | None
+
+    def effective_status(self, now: datetime) -> str:
+        """The status, with a live note past its review-by date shown as ``expired``."""
+        if self.status == "live" and self.review_by is not None and self.review_by <= now:
+            return "expired"
+        return self.status
+
+    def as_json(self, now: datetime | None = None) -> dict[str, Any]:
+        """The JSON shape the CLI prints."""
+        return {
+            "id": self.id,
+            "scope": self.scope,
+            "user_id": self.owner_user_id,
+            "subject": self.subject,
+            "content": self.content,
+            "status": self.effective_status(now) if now else self.status,
+            "said_at": self.said_at.isoformat(),
+            "recorded_at": self.recorded_at.isoformat(),
+            "review_by": self.review_by.isoformat() if self.review_by else None,
+            "source": self.source,
+            "author_id": self.author_user_id,
+            "author_role": self.author_role,
+            "session_id": self.session_id,
+            "evidence": list(self.evidence),
+            "run_id": self.run_id,
+            "superseded_by": self.superseded_by,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RevisionView:
+    """One retirement row."""
+
+    id: str
+    retired_id: str
+    replacing_id: str | None
+    reason: str
+    via: str
+    cause: str
+    run_id: str | None
+    judge_model: str | None
+    prompt_version: str | None
+    created_at: datetime
+    undone_at: datetime | None
+    undone_by: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON shape the CLI prints."""
+        return {
+            "id": self.id,
+            "retired_id": self.retired_id,
+            "replacing_id": self.replacing_id,
+            "reason": self.reason,
+            "via": self.via,
+            "cause": self.cause,
+            "run_id": self.run_id,
+            "judge_model": self.judge_model,
+            "prompt_version": self.prompt_version,
+            "created_at": self.created_at.isoformat(),
+            "undone_at": self.undone_at.isoformat() if self.undone_at else None,
+            "undone_by": self.undone_by,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Added:
+    """What one add did: the record, and the live records it retired."""
+
+    record: MemoryRecordView
+    retired: tuple[str, ...] = ()
+    duplicate: bool = False
+    """True when the same fact was already on record: nothing was written, ``record`` is the known one."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptCandidates:
+    """What the prompt may draw on this turn (see ``memory.render``)."""
+
+    matched_notes: list[tuple[MemoryRecordView, float]]
+    """Live, current notes sharing words with the conversation, best first, with their score."""
+    recent_notes: list[MemoryRecordView]
+    """The newest live, current notes."""
+    personal: list[MemoryRecordView]
+    """The person's own live personal records, newest first."""
+
+
+def new_record_id() -> str:
+    """A fresh record id."""
+    return "m_" + secrets.token_hex(8)
+
+
+def _new_revision_id() -> str:
+    return "rv_" + secrets.token_hex(8)
+
+
+def _view(row: Any) -> MemoryRecordView:
+    m = row._mapping if hasattr(row, "_mapping") else row
+    return MemoryRecordView(
+        id=m["id"],
+        scope=m["scope"],
+        owner_user_id=m["owner_user_id"],
+        subject=m["subject"],
+        subject_key=m["subject_key"],
+        content=m["content"],
+        status=m["status"],
+        said_at=m["said_at"],
+        recorded_at=m["recorded_at"],
+        review_by=m["review_by"],
+        source=m["source"],
+        author_user_id=m["author_user_id"],
+        author_role=m["author_role"],
+        session_id=m["session_id"],
+        evidence=tuple(str(e) for e in (m["evidence"] or ())),
+        run_id=m["run_id"],
+        superseded_by=m["superseded_by"],
+    )
+
+
+def _orm_view(rec: MemoryRecord) -> MemoryRecordView:
+    return _view({c.key: getattr(rec, c.key) for c in MemoryRecord.__table__.columns})
+
+
+def _rev_view(row: Any) -> RevisionView:
+    m = row._mapping
+    return RevisionView(**{k: m[k] for k in RevisionView.__dataclass_fields__})
+
+
+def note_terms(subject: str, content: str) -> list[str]:
+    """The distinct index terms of a note (subject first), at most ``MAX_NOTE_TERMS``."""
+    seen: dict[str, None] = {}
+    for t in terms(subject) + terms(content):
+        seen.setdefault(t, None)
+        if len(seen) >= MAX_NOTE_TERMS:
+            break
+    return list(seen)
+
+
+def _lock_key(scope: str, owner: str | None, key: str) -> int:
+    digest = hashlib.sha256(f"{scope}\0{owner or ''}\0{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _same_owner(owner: str | None) -> ColumnElement[bool]:
+    return R.owner_user_id.is_(None) if owner is None else R.owner_user_id == owner
+
+
+@lru_cache(maxsize=4)
+def _candidates_statement(with_words: bool, with_user: bool) -> Any:
+    """The prompt-candidates statement for one shape, built once (values are bind parameters).
+
+    Building a UNION of three record selects costs more than running it on
+    SQLite, so each of the four shapes is built once and reused.
+    """
+    rec = MemoryRecord.__table__
+    live_note = and_(
+        R.scope == "agent_notes",
+        R.owner_user_id.is_(None),
+        R.status == "live",
+        or_(R.review_by.is_(None), R.review_by > bindparam("now", type_=UTCDateTime())),
+    )
+
+    def part(name: str, score: Any) -> list[Any]:
+        return [*rec.c, cast(score, Float).label("score"), literal(name, String).label("part")]
+
+    parts: list[Any] = []
+    if with_words:
+        T = MemoryTerm.__table__
+        df = (
+            select(T.c.term, func.count().label("n"))
+            .where(T.c.term.in_(bindparam("words", expanding=True)))
+            .group_by(T.c.term)
+            .cte("df")
+        )
+        postings = T.alias("postings")
+        scored = (
+            select(postings.c.record_id, func.sum(cast(1.0, Float) / df.c.n).label("score"))
+            .join(df, df.c.term == postings.c.term)
+            .group_by(postings.c.record_id)
+            .subquery("scored")
+        )
+        parts.append(
+            select(*part("match", scored.c.score))
+            .join(scored, scored.c.record_id == R.id)
+            .where(live_note)
+            .order_by(scored.c.score.desc(), R.said_at.desc(), R.id)
+            .limit(bindparam("matched_limit", type_=Integer()))
+        )
+    parts.append(
+        select(*part("recent", 0.0))
+        .where(live_note)
+        .order_by(R.said_at.desc(), R.id)
+        .limit(bindparam("recent_limit", type_=Integer()))
+    )
+    if with_user:
+        parts.append(
+            select(*part("personal", 0.0))
+            .where(R.scope == "personal", R.owner_user_id == bindparam("user_id"), R.status == "live")
+            .order_by(R.said_at.desc(), R.id)
+            .limit(bindparam("personal_limit", type_=Integer()))
+        )
+    return union_all(*(select(p.subquery()) for p in parts))
+
+
+class MemoryStore:
+    """Reads and writes memory records on SQLite or PostgreSQL.
+
+    Every write runs in one transaction (pass ``session=`` to join a larger
+    one, see :meth:`transaction`); a failed write leaves nothing behind.
+    """
+
+    def __init__(self, engine: AsyncEngine, *, clock: Callable[[], datetime] | None = None) -> None:
+        self._engine = engine
+        self._sessions = async_sessionmaker(engine, expire_on_commit=False)
+        self._clock = clock or (lambda: datetime.now(UTC))
+
+    def now(self) -> datetime:
+        """The store's clock (injectable for tests)."""
+        return self._clock()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        """One transaction: committed when the block ends, rolled back if it raises."""
+        async with self._sessions() as session, session.begin():
+            yield session
+
+    # ---- writes --------------------------------------------------------------------------
+
+    async def add(
+        self,
+        decision: GateDecision,
+        *,
+        subject: str,
+        content: str,
+        said_at: datetime,
+        session_id: str | None = None,
+        evidence: Sequence[str] = (),
+        run_id: str | None = None,
+        review_days: int = MAX_REVIEW_DAYS,
+        session: AsyncSession | None = None,
+    ) -> Added:
+        """Write one record under a gate decision, applying the subject rule.
+
+        A new live record retires the live record(s) on the same subject (same
+        owner for personal) -- unless one of them was said later, in which case
+        the new record is itself history (``superseded`` by the newest) and
+        retires nothing. An ``unverified`` record retires nothing.
+
+        Args:
+            decision: The gate's WRITE or WRITE_UNVERIFIED for this principal, scope and source.
+            subject: The subject as given; its normalised key drives the subject rule.
+            content: The fact.
+            said_at: When it was said (the message time), never the write clock.
+            session_id: The chat session it came from.
+            evidence: Message ids and/or an archive id.
+            run_id: The job or run that wrote it.
+            review_days: agent_notes come up for review this many days after recording (at most 90).
+            session: Join this transaction instead of opening one.
+
+        Raises:
+            MemoryStoreError: the decision does not allow a write, or the values are unusable.
+        """
+        if not isinstance(decision, GateDecision) or not decision.writes:
+            raise MemoryStoreError(f"the gate did not allow this write: {getattr(decision, 'reason', decision)!r}")
+        if said_at.tzinfo is None:
+            raise MemoryStoreError("said_at must be timezone-aware (UTC)")
+        if not content.strip():
+            raise MemoryStoreError("a memory record needs content")
+        args = (decision, subject, content, said_at, session_id, tuple(evidence), run_id, review_days)
+        if session is None:
+            async with self.transaction() as s:
+                return await self._add(s, *args)
+        return await self._add(session, *args)
+
+    async def _add(
+        self,
+        s: AsyncSession,
+        decision: GateDecision,
+        subject: str,
+        content: str,
+        said_at: datetime,
+        session_id: str | None,
+        evidence: Sequence[str],
+        run_id: str | None,
+        review_days: int,
+    ) -> Added:
+        now = self.now()
+        scope = decision.scope
+        owner = decision.owner_user_id if scope == "personal" else None
+        if scope == "personal" and not owner:
+            raise MemoryStoreError("a personal record needs its owner")
+        subject = subject.strip()[:MAX_SUBJECT_CHARS] or content.strip()[:60]
+        key = subject_key(subject) or subject_key(content)[:60]
+        principal = decision.principal
+        status = decision.status
+        review_by = None
+        if scope == "agent_notes":
+            # Seed 001: review-by is required, in the future, and at most 90 days out.
+            review_by = now + timedelta(days=max(1, min(review_days, MAX_REVIEW_DAYS)))
+
+        rec = MemoryRecord(
+            id=new_record_id(),
+            scope=scope,
+            owner_user_id=owner,
+            subject=subject,
+            subject_key=key,
+            content=content.strip(),
+            status=status,
+            said_at=said_at,
+            recorded_at=now,
+            review_by=review_by,
+            source=decision.source,
+            author_user_id=principal.user_id or principal.system_name,
+            author_role=principal.stored_role,
+            session_id=session_id,
+            evidence=[str(e) for e in evidence],
+            run_id=run_id,
+            superseded_by=None,
+        )
+        if self._engine.dialect.name == "postgresql":
+            # Two writers on one subject would otherwise both see "no live value" and both stay live.
+            await s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key(scope, owner, key)})
+        same_subject = [
+            _view(r)
+            for r in await s.execute(
+                select(MemoryRecord.__table__).where(
+                    R.scope == scope,
+                    R.subject_key == key,
+                    R.status.in_(("live", "unverified")),
+                    _same_owner(owner),
+                )
+            )
+        ]
+        said_again = " ".join(content.split()).lower()
+        for known in same_subject:
+            # The same fact said again (each trim re-reads it) is not a new value: keep the first.
+            # An unverified copy does not count against a live write: that write is the upgrade.
+            if " ".join(known.content.split()).lower() == said_again and (known.status == "live" or status != "live"):
+                return Added(known, duplicate=True)
+        if status != "live":
+            # policy: "An unverified record retires nothing".
+            s.add(rec)
+            await s.flush()
+            return Added(_orm_view(rec))
+        live = [(v.id, v.said_at) for v in same_subject if v.status == "live"]
+        via = "consolidation" if decision.source == "consolidate" else "subject_rule"
+        cause = _CAUSE_OF_SOURCE[decision.source]
+        newer = [(rid, at) for rid, at in live if at > said_at]
+        if newer:
+            # policy: "A relearned or confirmed record older than the live value on its subject
+            # becomes history itself; it does not retire the newer value."
+            newest_id = max(newer, key=lambda p: (p[1], p[0]))[0]
+            rec.status = "superseded"
+            rec.superseded_by = newest_id
+            s.add(rec)
+            await s.flush()
+            s.add(
+                MemoryRevision(
+                    id=_new_revision_id(),
+                    retired_id=rec.id,
+                    replacing_id=newest_id,
+                    reason=f"said {said_at:%Y-%m-%d %H:%M} UTC, before the live value on '{subject}'",
+                    via=via,
+                    cause=cause,
+                    run_id=run_id,
+                    created_at=now,
+                )
+            )
+            await s.flush()
+            return Added(_orm_view(rec))
+
+        s.add(rec)
+        if scope == "agent_notes":
+            s.add_all(MemoryTerm(term=t, record_id=rec.id) for t in note_terms(subject, content))
+        await s.flush()
+        retired: list[str] = []
+        for old_id, old_at in live:
+            if await self._retire(
+                s,
+                old_id,
+                rec.id,
+                reason=f"'{subject}' said again on {said_at:%Y-%m-%d %H:%M} UTC (was {old_at:%Y-%m-%d %H:%M})",
+                via=via,
+                cause=cause,
+                run_id=run_id,
+            ):
+                retired.append(old_id)
+        return Added(_orm_view(rec), tuple(retired))
+
+    async def _retire(
+        self,
+        s: AsyncSession,
+        retired_id: str,
+        replacing_id: str | None,
+        *,
+        reason: str,
+        via: str,
+        cause: str,
+        run_id: str | None = None,
+        judge_model: str | None = None,
+        prompt_version: str | None = None,
+        status: str = "superseded",
+    ) -> bool:
+        if via not in VIAS or cause not in CAUSES:
+            raise MemoryStoreError(f"unknown retirement via={via!r} cause={cause!r}")
+        if replacing_id is not None:
+            # policy: "the undone row stands as a veto: the same record never replaces the same record again".
+            veto = await s.execute(
+                select(MemoryRevision.id).where(
+                    MemoryRevision.retired_id == retired_id,
+                    MemoryRevision.replacing_id == replacing_id,
+                    MemoryRevision.undone_at.is_not(None),
+                )
+            )
+            if veto.first() is not None:
+                return False
+        changed = await s.execute(
+            update(MemoryRecord)
+            .where(MemoryRecord.id == retired_id, MemoryRecord.status.in_(("live", "unverified")))
+            .values(status=status, superseded_by=replacing_id)
+        )
+        if changed.rowcount != 1:  # type: ignore[attr-defined]
+            return False
+        await s.execute(delete(MemoryTerm).where(MemoryTerm.record_id == retired_id))
+        s.add(
+            MemoryRevision(
+                id=_new_revision_id(),
+                retired_id=retired_id,
+                replacing_id=replacing_id,
+                reason=reason,
+                via=via,
+                cause=cause,
+                run_id=run_id,
+                judge_model=judge_model,
+                prompt_version=prompt_version,
+                created_at=self.now(),
+            )
+        )
+        await s.flush()
+        return True
+
+    async def retire_superseded(
+        self,
+        retired_id: str,
+        replacing_id: str,
+        *,
+        reason: str,
+        via: str,
+        cause: str,
+        run_id: str | None = None,
+        judge_model: str | None = None,
+        prompt_version: str | None = None,
+        session: AsyncSession | None = None,
+    ) -> bool:
+        """Retire a live (or unverified) record as superseded by another, with its revision row.
+
+        For belief revision and consolidation. Returns False when the record is
+        not live/unverified any more, or an undone revision vetoes this pair.
+        """
+        kwargs: dict[str, Any] = {
+            "reason": reason,
+            "via": via,
+            "cause": cause,
+            "run_id": run_id,
+            "judge_model": judge_model,
+            "prompt_version": prompt_version,
+        }
+        if session is None:
+            async with self.transaction() as s:
+                return await self._retire(s, retired_id, replacing_id, **kwargs)
+        return await self._retire(session, retired_id, replacing_id, **kwargs)
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncConnection]:
+        async with self._engine.connect() as conn:
+            yield conn
+
+    async def get(self, record_id: str) -> MemoryRecordView | None:
+        """One record by id, or None."""
+        async with self._read() as conn:
+            row = (await conn.execute(select(MemoryRecord.__table__).where(R.id == record_id))).first()
+        return _view(row) if row else None
+
+    async def list_records(
+        self,
+        *,
+        scope: str | None = None,
+        owner_user_id: str | None = None,
+        statuses: Iterable[str] | None = None,
+        include_history: bool = False,
+        limit: int = 500,
+    ) -> list[MemoryRecordView]:
+        """Records, newest said first: live only unless ``statuses`` or ``include_history`` say otherwise.
+
+        Raises:
+            MemoryStoreError: an unknown scope or status.
+        """
+        if scope is not None and scope not in SCOPES:
+            raise MemoryStoreError(f"unknown scope {scope!r}: use one of {', '.join(SCOPES)}")
+        wanted = tuple(statuses) if statuses is not None else (STATUSES if include_history else ("live",))
+        bad = [x for x in wanted if x not in STATUSES]
+        if bad:
+            raise MemoryStoreError(f"unknown status {bad[0]!r}: use one of {', '.join(STATUSES)}")
+        q = select(MemoryRecord.__table__).where(R.status.in_(wanted))
+        if scope is not None:
+            q = q.where(R.scope == scope)
+        if owner_user_id is not None:
+            q = q.where(R.owner_user_id == owner_user_id)
+        q = q.order_by(R.said_at.desc(), R.id).limit(limit)
+        async with self._read() as conn:
+            return [_view(r) for r in await conn.execute(q)]
+
+    async def search(
+        self,
+        query: str,
+        *,
+        scopes: Sequence[str] = ("personal", "agent_notes"),
+        owner_user_id: str | None = None,
+        any_owner: bool = False,
+        statuses: Iterable[str] | None = None,
+        limit: int = 50,
+    ) -> list[MemoryRecordView]:
+        """Records whose subject or content share words with ``query``, history included.
+
+        Personal records are searched only for ``owner_user_id`` (the asking
+        person), unless ``any_owner`` (the operator's CLI). Best match first,
+        then newest said.
+        """
+        words = list(dict.fromkeys(terms(query)))[:16]
+        if not words:
+            return []
+        scope_conds: list[ColumnElement[bool]] = []
+        for scope in scopes:
+            if scope == "personal":
+                if any_owner:
+                    scope_conds.append(R.scope == "personal")
+                elif owner_user_id:
+                    scope_conds.append(and_(R.scope == "personal", R.owner_user_id == owner_user_id))
+            else:
+                scope_conds.append(R.scope == scope)
+        if not scope_conds:
+            return []
+        haystack = func.lower(R.subject_key + " " + R.content)
+        q = (
+            select(MemoryRecord.__table__)
+            .where(or_(*scope_conds), or_(*(haystack.contains(w, autoescape=True) for w in words)))
+            .order_by(R.said_at.desc(), R.id)
+            .limit(limit * 8)
+        )
+        if statuses is not None:
+            q = q.where(R.status.in_(tuple(statuses)))
+        async with self._read() as conn:
+            rows = [_view(r) for r in await conn.execute(q)]
+
+        def hits(v: MemoryRecordView) -> int:
+            have = set(terms(v.subject + " " + v.content))
+            return sum(1 for w in words if w in have)
+
+        ranked = sorted(rows, key=lambda v: (-hits(v), -v.said_at.timestamp(), v.id))
+        return ranked[:limit]
+
+    async def live_notes(self, *, now: datetime | None = None, limit: int = 500) -> list[MemoryRecordView]:
+        """Current operational notes: live agent_notes not past their review-by date, newest first."""
+        at = now or self.now()
+        q = (
+            select(MemoryRecord.__table__)
+            .where(R.scope == "agent_notes", R.owner_user_id.is_(None), R.status == "live")
+            .where(or_(R.review_by.is_(None), R.review_by > at))
+            .order_by(R.said_at.desc(), R.id)
+            .limit(limit)
+        )
+        async with self._read() as conn:
+            return [_view(r) for r in await conn.execute(q)]
+
+    async def personal_for(self, user_id: str, *, limit: int = 500) -> list[MemoryRecordView]:
+        """One person's live personal records, newest first."""
+        q = (
+            select(MemoryRecord.__table__)
+            .where(R.scope == "personal", R.owner_user_id == user_id, R.status == "live")
+            .order_by(R.said_at.desc(), R.id)
+            .limit(limit)
+        )
+        async with self._read() as conn:
+            return [_view(r) for r in await conn.execute(q)]
+
+    async def revisions_for(self, record_id: str) -> list[RevisionView]:
+        """Every revision row that retired this record or was retired by it, oldest first."""
+        t = MemoryRevision.__table__
+        q = (
+            select(t)
+            .where(or_(t.c.retired_id == record_id, t.c.replacing_id == record_id))
+            .order_by(t.c.created_at, t.c.id)
+        )
+        async with self._read() as conn:
+            return [_rev_view(r) for r in await conn.execute(q)]
+
+    async def prompt_candidates(
+        self,
+        *,
+        user_id: str | None,
+        query_terms: Sequence[str],
+        now: datetime,
+        matched_limit: int = 48,
+        recent_limit: int = 24,
+        personal_limit: int = 200,
+    ) -> PromptCandidates:
+        """The bounded candidate set a turn's prompt chooses from, in ONE statement.
+
+        Three parts, each an indexed query with its own limit, joined by UNION ALL
+        (on SQLite most of a read's cost is the round trip, not the query):
+
+        - ``match``: live, current notes sharing terms with the conversation, scored
+          in SQL as the sum of ``1/df`` over the shared terms (an idf weight: rare
+          words count more), from ``memory_terms`` (aggregated first, on its
+          covering index, then joined to the records by primary key);
+        - ``recent``: the newest live, current notes (``said_at`` order of the
+          ``(scope, owner_user_id, status, said_at)`` index);
+        - ``personal``: the person's own live personal records, newest first (same index).
+        """
+        words = list(dict.fromkeys(query_terms))
+        params: dict[str, Any] = {"now": now, "recent_limit": recent_limit}
+        if words:
+            params.update(words=words, matched_limit=matched_limit)
+        if user_id:
+            params.update(user_id=user_id, personal_limit=personal_limit)
+        stmt = _candidates_statement(bool(words), bool(user_id))
+        matched: list[tuple[MemoryRecordView, float]] = []
+        recent: list[MemoryRecordView] = []
+        personal: list[MemoryRecordView] = []
+        async with self._read() as conn:
+            for row in await conn.execute(stmt, params):
+                view = _view(row)
+                if row.part == "match":
+                    matched.append((view, float(row.score)))
+                elif row.part == "recent":
+                    recent.append(view)
+                else:
+                    personal.append(view)
+        # UNION ALL keeps no order across parts; each part's own order is restored here.
+        matched.sort(key=lambda p: (-p[1], -p[0].said_at.timestamp(), p[0].id))
+        recent.sort(key=lambda v: (-v.said_at.timestamp(), v.id))
+        personal.sort(key=lambda v: (-v.said_at.timestamp(), v.id))
+        return PromptCandidates(matched, recent, personal)

@@ -1,0 +1,164 @@
+"""The writer: the way into memory that always asks the gate first.
+
+``MemoryWriter.write(principal, scope, source, ...)`` calls
+:func:`memory.gate.decide` and writes only what it allows. ``batch()`` groups
+several writes into one transaction (a trimmed slice's extraction is committed
+whole or not at all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from memory.gate import NO_EXTRA_WRITERS, GateDecision, WriteAccess, decide
+from memory.store import MAX_REVIEW_DAYS, MemoryRecordView, MemoryStore
+from pairing.principal import Principal
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """The gate's decision and, when it allowed a write, the record and what it retired."""
+
+    decision: GateDecision
+    record: MemoryRecordView | None = None
+    retired: tuple[str, ...] = ()
+    duplicate: bool = False
+
+    @property
+    def written(self) -> bool:
+        """True when a new record was written (not when the same fact was already known)."""
+        return self.record is not None and not self.duplicate
+
+
+class MemoryWriter:
+    """Writes memory through the one gate.
+
+    Args:
+        store: The memory store.
+        write_access: The operator's ``memory.write_access``.
+        notes_review_days: When agent_notes come up for review (at most 90).
+    """
+
+    def __init__(
+        self,
+        store: MemoryStore,
+        *,
+        write_access: WriteAccess = NO_EXTRA_WRITERS,
+        notes_review_days: int = MAX_REVIEW_DAYS,
+    ) -> None:
+        self.store = store
+        self.write_access = write_access
+        self.notes_review_days = max(1, min(notes_review_days, MAX_REVIEW_DAYS))
+
+    def decide(
+        self,
+        principal: Principal,
+        scope: str,
+        source: str,
+        *,
+        owner_user_id: str | None = None,
+        trusted: bool | None = None,
+    ) -> GateDecision:
+        """The gate's answer with this writer's ``write_access`` (nothing is written)."""
+        return decide(
+            principal, scope, source, write_access=self.write_access, owner_user_id=owner_user_id, trusted=trusted
+        )
+
+    async def write(
+        self,
+        principal: Principal,
+        scope: str,
+        source: str,
+        *,
+        subject: str,
+        content: str,
+        said_at: datetime,
+        owner_user_id: str | None = None,
+        trusted: bool | None = None,
+        session_id: str | None = None,
+        evidence: Sequence[str] = (),
+        run_id: str | None = None,
+    ) -> WriteResult:
+        """Ask the gate, then write (in its own transaction) what it allows."""
+        async with self.batch() as batch:
+            return await batch.write(
+                principal,
+                scope,
+                source,
+                subject=subject,
+                content=content,
+                said_at=said_at,
+                owner_user_id=owner_user_id,
+                trusted=trusted,
+                session_id=session_id,
+                evidence=evidence,
+                run_id=run_id,
+            )
+
+    @asynccontextmanager
+    async def batch(self) -> AsyncIterator[WriteBatch]:
+        """Several gated writes in one transaction: all committed, or none."""
+        async with self.store.transaction() as session:
+            yield WriteBatch(self, session)
+
+
+class WriteBatch:
+    """Gated writes inside one transaction (from :meth:`MemoryWriter.batch`)."""
+
+    def __init__(self, writer: MemoryWriter, session: AsyncSession) -> None:
+        self._writer = writer
+        self._session = session
+
+    @property
+    def write_access(self) -> WriteAccess:
+        """The operator's ``memory.write_access``."""
+        return self._writer.write_access
+
+    def decide(
+        self,
+        principal: Principal,
+        scope: str,
+        source: str,
+        *,
+        owner_user_id: str | None = None,
+        trusted: bool | None = None,
+    ) -> GateDecision:
+        """The gate's answer (nothing is written)."""
+        return self._writer.decide(principal, scope, source, owner_user_id=owner_user_id, trusted=trusted)
+
+    async def write(
+        self,
+        principal: Principal,
+        scope: str,
+        source: str,
+        *,
+        subject: str,
+        content: str,
+        said_at: datetime,
+        owner_user_id: str | None = None,
+        trusted: bool | None = None,
+        session_id: str | None = None,
+        evidence: Sequence[str] = (),
+        run_id: str | None = None,
+    ) -> WriteResult:
+        """Ask the gate, then write what it allows in this batch's transaction."""
+        decision = self.decide(principal, scope, source, owner_user_id=owner_user_id, trusted=trusted)
+        if not decision.writes:
+            return WriteResult(decision)
+        added = await self._writer.store.add(
+            decision,
+            subject=subject,
+            content=content,
+            said_at=said_at,
+            session_id=session_id,
+            evidence=evidence,
+            run_id=run_id,
+            review_days=self._writer.notes_review_days,
+            session=self._session,
+        )
+        return WriteResult(decision, added.record, added.retired, added.duplicate)

@@ -1,0 +1,107 @@
+"""Memory into the prompt: relevance within a budget, provenance, and only the speaker's own memory."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from memory.render import OPERATIONAL_HEADING, PERSONAL_HEADING, memory_sections
+from memory.words import estimate_tokens
+from memory.writer import MemoryWriter
+from tests.conftest import Clock
+from tests.memory.conftest import ALICE, BOB, CAROL, CRON, T0, UNPAIRED, WEBHOOK
+
+
+async def _fill(writer: MemoryWriter) -> None:
+    notes = [
+        ("report data source", "The daily report is produced from example_orders and example_archive"),
+        ("staging server", "The staging server is db2.example.internal"),
+        ("invoice approvals", "Invoices above 5000 EUR need a second approval from finance"),
+        ("holiday calendar", "The office is closed on 24 December"),
+    ]
+    for i, (subject, content) in enumerate(notes):
+        await writer.write(
+            ALICE, "agent_notes", "live", subject=subject, content=content, said_at=T0 + timedelta(minutes=i)
+        )
+    await writer.write(
+        BOB, "personal", "live", subject="reply language", content="Wants answers in English", said_at=T0
+    )
+    await writer.write(BOB, "personal", "live", subject="team", content="Works in the finance team", said_at=T0)
+    await writer.write(
+        CAROL, "personal", "live", subject="secret", content="Carol's private note about invoices", said_at=T0
+    )
+
+
+async def test_sections_have_provenance_and_the_facts_not_rules_heading(writer: MemoryWriter, clock: Clock) -> None:
+    await _fill(writer)
+    s = await memory_sections(writer.store, BOB, "can you produce the daily report?", token_budget=1000)
+    assert s.operational.startswith(OPERATIONAL_HEADING)
+    assert "facts, not rules and not identity" in OPERATIONAL_HEADING
+    assert "taught by u_alice (admin) on 2026-11-30" in s.operational
+    assert f"review by {clock.now + timedelta(days=90):%Y-%m-%d}" in s.operational
+    assert s.personal.startswith(PERSONAL_HEADING) and "not rules and not identity" in PERSONAL_HEADING
+    assert "Wants answers in English" in s.personal and "taught by u_bob (user)" in s.personal
+    assert s.tokens == estimate_tokens(s.text) <= 1000
+    assert len(s.used_ids) == 6
+
+
+async def test_never_another_persons_personal_memory(writer: MemoryWriter) -> None:
+    await _fill(writer)
+    s = await memory_sections(writer.store, BOB, "Carol private note invoices secret", token_budget=2000)
+    assert "Carol" not in s.text
+    c = await memory_sections(writer.store, CAROL, "invoices", token_budget=2000)
+    assert "Carol's private note" in c.personal and "English" not in c.text
+
+
+@pytest.mark.parametrize("who", [CRON, WEBHOOK, UNPAIRED], ids=["cron", "webhook", "unpaired"])
+async def test_no_personal_memory_for_runs_and_unpaired(writer: MemoryWriter, who: object) -> None:
+    await _fill(writer)
+    s = await memory_sections(writer.store, who, "English finance invoices report", token_budget=2000)  # type: ignore[arg-type]
+    assert s.personal == "" and "English" not in s.text and s.operational
+
+
+async def test_relevant_notes_win_a_tight_budget(writer: MemoryWriter) -> None:
+    await _fill(writer)
+    s = await memory_sections(writer.store, ALICE, "which server is staging on?", token_budget=110)
+    assert "db2.example.internal" in s.operational
+    assert "24 December" not in s.operational
+    assert s.tokens <= 110
+
+
+async def test_expired_superseded_and_unverified_notes_are_never_rendered(writer: MemoryWriter, clock: Clock) -> None:
+    await writer.write(ALICE, "agent_notes", "live", subject="old source", content="example_old", said_at=T0)
+    await writer.write(
+        ALICE, "agent_notes", "live", subject="old source", content="example_new", said_at=T0 + timedelta(1)
+    )
+    await writer.write(BOB, "agent_notes", "relearn", subject="quarantine", content="example_unverified", said_at=T0)
+    s = await memory_sections(writer.store, ALICE, "example source", token_budget=1000)
+    assert "example_new" in s.text and "example_old" not in s.text and "example_unverified" not in s.text
+    clock.advance(days=91)
+    s = await memory_sections(writer.store, ALICE, "example source", token_budget=1000)
+    assert s.text == "" and s.used_ids == ()
+
+
+@pytest.mark.parametrize("budget", [0, 5, 40, 80, 150, 400])
+async def test_budget_is_never_exceeded(writer: MemoryWriter, budget: int) -> None:
+    for i in range(60):
+        await writer.write(
+            ALICE, "agent_notes", "live", subject=f"topic {i}", content=f"report fact number {i} " + "word " * (i % 17),
+            said_at=T0 + timedelta(minutes=i),
+        )  # fmt: skip
+        await writer.write(
+            BOB, "personal", "live", subject=f"pref {i}", content=f"report preference {i} " + "x" * (i * 3),
+            said_at=T0 + timedelta(minutes=i),
+        )  # fmt: skip
+    s = await memory_sections(writer.store, BOB, "report fact preference number 7", token_budget=budget)
+    assert s.tokens == estimate_tokens(s.text) <= max(budget, 0)
+    assert len(set(s.used_ids)) == len(s.used_ids)
+    for rid in s.used_ids:
+        rec = await writer.store.get(rid)
+        assert rec and rec.content.split()[0] in s.text
+
+
+async def test_notes_fill_the_budget_even_when_nothing_matches(writer: MemoryWriter) -> None:
+    await _fill(writer)
+    s = await memory_sections(writer.store, ALICE, "hello there", token_budget=1000)
+    assert s.operational.count("\n- ") == 4
