@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -15,11 +16,13 @@ from gateway.config import Config, DiscordConfig, TeamsConfig
 from gateway.db import make_engine, upgrade
 from gateway.dispatch import ChannelRules, Dispatcher
 from gateway.llm.base import LLMProvider
+from gateway.memory_glue import GatewayMemory, build_memory
 from gateway.metrics import Metrics
-from gateway.sessions import SessionStore
-from gateway.turn import MemoryGlue, TurnHandler
+from gateway.sessions import SessionKey, SessionStore
+from gateway.turn import TurnHandler, TurnRequest, TurnResult
 from gateway.web.app import WebContext, build_web_app
 from gateway.worker import JobWorker
+from pairing.principal import Principal
 from pairing.store import PairingStore
 
 log = logging.getLogger("goclaw")
@@ -58,7 +61,7 @@ class Gateway:
         self.pairing: PairingStore
         self.sessions: SessionStore
         self.provider: LLMProvider
-        self.memory: MemoryGlue
+        self.memory: GatewayMemory
         self.turns: TurnHandler
         self.dispatcher: Dispatcher
         self.worker: JobWorker
@@ -67,7 +70,6 @@ class Gateway:
     async def start(self, *, channels: bool = True, worker: bool = True) -> None:
         """Migrate the database, open the model, build the turn and web app, start channels and the worker."""
         from gateway.llm.factory import make_provider
-        from gateway.memory_glue import build_memory
 
         self.engine = self._engine_override or make_engine(self.config.database.url, echo=self.config.database.echo)
         await upgrade(self.engine)
@@ -133,6 +135,27 @@ class Gateway:
                 token, self.dispatcher.handle, shard_ids=ch.discord.shard_ids, shard_count=ch.discord.shard_count
             )
             self.channel_state["discord"] = "stopped"
+
+    async def system_turn(
+        self, system_name: str, text: str, *, session: str = "default", message_id: str | None = None
+    ) -> TurnResult:
+        """Run a turn as an autonomous principal (``cron-system``, ``sop-system``, ``webhook-system``).
+
+        The entry point the scheduler, SOP runs and webhooks use. Such a run
+        executes existing procedures: it is not a human admin, has no personal
+        memory, and webhook turns are skipped by extraction.
+        """
+        principal = Principal.system(system_name)
+        return await self.turns.handle(
+            TurnRequest(
+                key=SessionKey("system", f"{system_name}/{session}"),
+                principal=principal,
+                text=text,
+                message_id=message_id or f"{system_name}-{secrets.token_hex(8)}",
+                said_at=self.clock(),
+                display_name=system_name,
+            )
+        )
 
     async def start_channels(self) -> None:
         """Start every enabled adapter; a failure is logged and shown in /readyz, not fatal."""

@@ -29,6 +29,15 @@ app.add_typer(db_app, name="db")
 app.add_typer(users_app, name="users")
 app.add_typer(pairing_app, name="pairing")
 
+
+def _mount_memory() -> None:
+    from gateway.cli_memory import memory_app
+
+    app.add_typer(memory_app, name="memory")
+
+
+_mount_memory()
+
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")

@@ -1,23 +1,191 @@
-"""Memory wired into the turn: prompt sections, tools, directives, archive trust, the extraction job.
+"""Memory wired into the gateway: prompt sections, tools, ``@notes:``, archive trust, the extraction job.
 
-Placeholder until the memory package lands: memory is off.
+Everything memory-related the turn does goes through :class:`GatewayMemory`;
+every write it causes goes through memory's one gate (``MemoryWriter``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
-from gateway.turn import MemoryGlue, NoMemory
-from gateway.worker import JobHandler
+from gateway.llm.base import ChatMessage, JsonSchema, LLMProvider, Tool
+from gateway.models import Job
+from gateway.sessions import SessionStore, principal_from_json
+from gateway.turn import MemoryContext
+from gateway.worker import JobHandler, ParkableError
+from memory import (
+    EXTRACTION_SCHEMA,
+    EXTRACTION_SCHEMA_NAME,
+    MEMORY_SEARCH_SCHEMA,
+    MEMORY_WRITE_SCHEMA,
+    MalformedExtraction,
+    MemoryStore,
+    MemoryWriter,
+    SliceMessage,
+    WriteAccess,
+    archive_trust,
+    handle_notes_directive,
+    memory_search,
+    memory_sections,
+    memory_write,
+    process_slice,
+    summary_owner,
+)
+from memory.tools import MEMORY_SEARCH_DESCRIPTION, MEMORY_WRITE_DESCRIPTION
+from memory.types import ExtractorModel
+from pairing.principal import Principal
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
+log = logging.getLogger(__name__)
 
-def build_memory(gw: Gateway) -> tuple[MemoryGlue, dict[str, JobHandler]]:
-    """The memory glue and the job handlers it brings."""
+SUMMARY_SUBJECT = "conversation summary"
 
-    async def extract(job: object) -> None:
-        return None
 
-    return NoMemory(), {"extract": extract}  # type: ignore[dict-item]
+def extractor_for(provider: LLMProvider) -> ExtractorModel:
+    """The configured model as memory's structured-output seam (``extraction_result``)."""
+
+    async def model(system: str, user: str) -> str:
+        completion = await provider.complete(
+            [ChatMessage("system", system), ChatMessage("user", user)],
+            json_schema=JsonSchema(EXTRACTION_SCHEMA_NAME, EXTRACTION_SCHEMA),
+        )
+        return completion.text
+
+    return model
+
+
+class GatewayMemory:
+    """The turn's view of memory (implements ``gateway.turn.MemoryGlue``)."""
+
+    def __init__(
+        self,
+        *,
+        store: MemoryStore,
+        writer: MemoryWriter,
+        sessions: SessionStore,
+        extractor: ExtractorModel,
+        token_budget: int,
+        max_chars: int,
+    ) -> None:
+        self.store = store
+        self.writer = writer
+        self.sessions = sessions
+        self.extractor = extractor
+        self.token_budget = token_budget
+        self.max_chars = max_chars
+
+    async def context(self, principal: Principal, conversation_text: str) -> MemoryContext:
+        """The speaker's own personal memory (humans only) and current operational notes."""
+        sections = await memory_sections(self.store, principal, conversation_text, token_budget=self.token_budget)
+        return MemoryContext(sections.operational, sections.personal, sections.used_ids)
+
+    def tools(self, principal: Principal, *, session_id: str, message_id: str, said_at: datetime) -> list[Tool]:
+        """``memory_write`` and ``memory_search``; the gate inside decides what a write may do."""
+
+        async def write(p: Principal, args: Mapping[str, Any]) -> str:
+            return await memory_write(
+                self.writer,
+                p,
+                args,
+                said_at=said_at,
+                session_id=session_id,
+                message_id=message_id,
+                max_chars=self.max_chars,
+            )
+
+        async def search(p: Principal, args: Mapping[str, Any]) -> str:
+            return await memory_search(self.store, p, args)
+
+        return [
+            Tool("memory_write", MEMORY_WRITE_DESCRIPTION, MEMORY_WRITE_SCHEMA, write),
+            Tool("memory_search", MEMORY_SEARCH_DESCRIPTION, MEMORY_SEARCH_SCHEMA, search),
+        ]
+
+    async def directive(
+        self, principal: Principal, text: str, *, session_id: str, message_id: str, said_at: datetime
+    ) -> str | None:
+        """The reply to ``@notes: ...`` (saved for admins, refused for everyone else)."""
+        return await handle_notes_directive(
+            self.writer,
+            principal,
+            text,
+            said_at=said_at,
+            session_id=session_id,
+            message_id=message_id,
+            max_chars=self.max_chars,
+        )
+
+    def trust_of(self, messages: Sequence[SliceMessage]) -> str:
+        """``admin`` only when everyone in the slice may author operational knowledge."""
+        return archive_trust(messages)
+
+    async def extract_job(self, job: Job) -> None:
+        """Run extraction on a trimmed slice; raise to have the worker retry (then park) it."""
+        payload = job.payload
+        archive_id = payload["archive_id"]
+        turn_principal = principal_from_json(payload["turn_principal"])
+        slice_ = [m.as_slice() for m in await self.sessions.archive_messages(archive_id)]
+        if not slice_:
+            log.warning("job %s: archive %s has no messages; nothing to extract", job.id, archive_id)
+            return
+        try:
+            outcome = await process_slice(
+                self.writer,
+                self.extractor,
+                slice=slice_,
+                turn_principal=turn_principal,
+                session_id=payload["session_id"],
+                archive_id=archive_id,
+                source="live",
+            )
+        except MalformedExtraction as exc:
+            raise ParkableError(f"malformed extractor answer ({exc.problem})", exc.raw) from None
+        # policy: the summary goes to personal memory only when every message in the
+        # slice was the current speaker's; a shared thread's summary stays in the session.
+        owner = summary_owner(slice_, turn_principal)
+        summary = str(payload.get("summary") or "")
+        if owner is not None and summary:
+            await self.writer.write(
+                turn_principal,
+                "personal",
+                "live",
+                subject=SUMMARY_SUBJECT,
+                content=summary,
+                said_at=slice_[-1].said_at,
+                owner_user_id=owner,
+                session_id=payload["session_id"],
+                evidence=(archive_id,),
+            )
+        log.info(
+            "job %s: archive %s: %d written, %d operational dropped, %d model calls",
+            job.id,
+            archive_id,
+            len(outcome.written),
+            outcome.dropped_operational,
+            outcome.model_calls,
+        )
+
+
+def build_memory(gw: Gateway) -> tuple[GatewayMemory, dict[str, JobHandler]]:
+    """The memory glue for a started gateway, and the job handlers it brings."""
+    cfg = gw.config.memory
+    store = MemoryStore(gw.engine, clock=gw.clock)
+    writer = MemoryWriter(
+        store,
+        write_access=WriteAccess(users=cfg.write_access.users, roles=cfg.write_access.roles),
+        notes_review_days=cfg.notes_review_days,
+    )
+    glue = GatewayMemory(
+        store=store,
+        writer=writer,
+        sessions=gw.sessions,
+        extractor=extractor_for(gw.provider),
+        token_budget=cfg.prompt_token_budget,
+        max_chars=cfg.max_content_chars,
+    )
+    return glue, {"extract": glue.extract_job}
