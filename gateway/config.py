@@ -77,6 +77,8 @@ class LLMConfig(_Model):
             raise ValueError(
                 "llm.provider openai needs llm.api_key, or llm.base_url for a local server (Ollama, vLLM, ...)"
             )
+        if self.provider != "builtin" and self.model == "builtin-offline":
+            raise ValueError(f"llm.model must name the {self.provider} model to use (for example gpt-4o-mini)")
         if self.base_url and not re.match(r"^https?://[^\s/]+", self.base_url):
             raise ValueError(f"llm.base_url {self.base_url!r} is not an http(s) URL")
         return self

@@ -165,3 +165,19 @@ def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "not valid YAML" in result.stderr
     assert "line" in result.stderr
+
+
+def test_config_check_catches_a_network_provider_without_a_model_name(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("llm:\n  provider: openai\n  base_url: http://127.0.0.1:11434/v1\n")
+    result = goclaw("config", "check", "--config", str(cfg), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "llm.model must name the openai model" in result.stderr
+
+
+def test_config_check_catches_a_bad_model_url(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("llm:\n  provider: openai\n  model: m\n  base_url: localhost:11434\n")
+    result = goclaw("config", "check", "--config", str(cfg), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "is not an http(s) URL" in result.stderr
