@@ -59,7 +59,8 @@ class MemoryRevision(MemoryBase):
     """One retirement: which record replaced which, why, how it was decided, and by which run.
 
     ``undone_at``/``undone_by`` are set by undo; an undone row is a veto for
-    that pair of records.
+    that pair of records. ``prior_status`` is what the retired record was
+    before (``live`` when None), so an undo puts it back exactly there.
     """
 
     __tablename__ = "memory_revisions"
@@ -76,6 +77,29 @@ class MemoryRevision(MemoryBase):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     undone_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     undone_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    prior_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    """The retired record's status before this retirement (what an undo returns it to); None means live."""
+
+
+REVIEW_ACTIONS: tuple[str, ...] = ("confirm", "reject", "retract")
+
+
+class MemoryReview(MemoryBase):
+    """A person's decision on one record: confirm or reject a quarantined one, retract a note.
+
+    Append-only: the record's status says where it stands, this row says who
+    decided it, when and why (policy: "A retraction by a named admin is a later
+    event; nothing is deleted").
+    """
+
+    __tablename__ = "memory_reviews"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    record_id: Mapped[str] = mapped_column(ForeignKey("memory_records.id"), index=True)
+    action: Mapped[str] = mapped_column(String(16))
+    by_user_id: Mapped[str] = mapped_column(String(200))
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+    reason: Mapped[str] = mapped_column(Text)
 
 
 class MemoryTerm(MemoryBase):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from datetime import UTC, datetime
 
 from memory.transcript import speaker_messages
 from memory.types import ExtractedItem
@@ -294,3 +295,114 @@ def builtin_extract(system: str, user: str) -> str:
         items.extend(classify(message))
     payload = {"items": [{"kind": i.kind, "subject": i.subject, "content": i.content} for i in _dedupe(items)]}
     return json.dumps(payload, ensure_ascii=False)
+
+
+# ---- the builtin judge and consolidation model -------------------------------------------------
+
+# "use X instead of Y", "we no longer use Y": the phrase after the marker names the value it replaces.
+_REPLACES_VALUE = re.compile(
+    r"\b(?:instead\s+of|no\s+longer(?:\s+(?:use[sd]?|using|read(?:s|ing)?|pull(?:s|ing)?|go(?:es)?\s+to|from|with|is|are))*)"
+    r"\s+(?P<old>[^.;,!?\n]+)",
+    _I,
+)
+_ARTICLES = frozenset({"a", "an", "the"})
+
+
+def _names_old_value(newer: str, older: str) -> bool:
+    """True when ``newer`` says "instead of X" / "no longer X" and X's words are all in ``older``."""
+    have = set(terms(older))
+    for m in _REPLACES_VALUE.finditer(newer):
+        named = set(terms(m.group("old")))
+        if named and named <= have:
+            return True
+    return False
+
+
+def _when(said_at: str) -> datetime:
+    try:
+        at = datetime.fromisoformat(said_at)
+    except ValueError:
+        return datetime.min.replace(tzinfo=UTC)
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
+def _records_of(user: str, key: str) -> list[dict[str, str]]:
+    try:
+        data = json.loads(user)
+    except ValueError:
+        return []
+    value = data.get(key) if isinstance(data, dict) else None
+    items = value if isinstance(value, list) else [value] if isinstance(value, dict) else []
+    out: list[dict[str, str]] = []
+    for item in items:
+        if isinstance(item, dict) and all(isinstance(item.get(k), str) for k in ("id", "content", "said_at")):
+            out.append({k: str(item.get(k) or "") for k in ("id", "subject", "content", "said_at")})
+    return out
+
+
+def builtin_revision_judgement(system: str, user: str) -> str:
+    """The builtin model's judge (``revision_judgement``): conservative, deterministic.
+
+    A candidate is replaced only when it is on the same normalised subject as
+    the record, or when the later of the two says "instead of X" / "no longer
+    X" and X's words are all in the earlier one. The later one (by ``said_at``)
+    replaces the earlier; everything else is ``unrelated``. ``system`` (the
+    judge prompt) is accepted for the model interface and not needed.
+    """
+    del system
+    records = _records_of(user, "record")
+    if not records:
+        return json.dumps({"decisions": []})
+    record = records[0]
+    decisions: list[dict[str, str]] = []
+    for cand in _records_of(user, "candidates"):
+        relation, reason = "unrelated", "different topics"
+        if _when(cand["said_at"]) != _when(record["said_at"]):
+            record_later = _when(record["said_at"]) > _when(cand["said_at"])
+            newer, older = (record, cand) if record_later else (cand, record)
+            if subject_key(cand["subject"]) == subject_key(record["subject"]) and subject_key(record["subject"]):
+                relation, reason = "replaces" if record_later else "replaced_by", "same subject, said later"
+            elif _names_old_value(newer["content"], older["content"]):
+                relation = "replaces" if record_later else "replaced_by"
+                reason = "the later one names the earlier value it replaces"
+        decisions.append({"record_id": cand["id"], "relation": relation, "reason": reason})
+    return json.dumps({"decisions": decisions}, ensure_ascii=False)
+
+
+def same_note_key(content: str) -> str:
+    """What two notes must share to be the same note for the builtin consolidation model.
+
+    Case, punctuation, spacing and articles do not count; every other word
+    does, negations included ("use X" and "do not use X" stay apart).
+    """
+    return " ".join(w for w in subject_key(content).split() if w not in _ARTICLES)
+
+
+def builtin_consolidation_result(system: str, user: str) -> str:
+    """The builtin model's consolidation (``consolidation_result``): merges only identical notes.
+
+    Notes whose content is the same apart from case, punctuation, spacing and
+    articles are merged into one, worded as the latest of them (by
+    ``said_at``). Nothing else is merged. ``system`` is accepted for the model
+    interface and not needed.
+    """
+    del system
+    groups: dict[str, list[dict[str, str]]] = {}
+    for note in _records_of(user, "records"):
+        key = same_note_key(note["content"])
+        if key:
+            groups.setdefault(key, []).append(note)
+    merges = []
+    for same in groups.values():
+        if len(same) < 2:
+            continue
+        latest = max(same, key=lambda n: (_when(n["said_at"]), n["id"]))
+        merges.append(
+            {
+                "record_ids": [n["id"] for n in same],
+                "subject": latest["subject"],
+                "content": latest["content"],
+                "reason": "the same note, worded the same",
+            }
+        )
+    return json.dumps({"merges": merges}, ensure_ascii=False)

@@ -39,7 +39,16 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from memory.gate import GateDecision
-from memory.models import CAUSES, SCOPES, STATUSES, VIAS, MemoryRecord, MemoryRevision, MemoryTerm
+from memory.models import (
+    CAUSES,
+    SCOPES,
+    STATUSES,
+    VIAS,
+    MemoryRecord,
+    MemoryReview,
+    MemoryRevision,
+    MemoryTerm,
+)
 from memory.words import subject_key, terms
 from pairing.models import UTCDateTime
 
@@ -130,6 +139,12 @@ class RevisionView:
     created_at: datetime
     undone_at: datetime | None
     undone_by: str | None
+    prior_status: str | None = None
+
+    @property
+    def undone(self) -> bool:
+        """True when an admin undid this retirement: the pair is vetoed forever."""
+        return self.undone_at is not None
 
     def as_json(self) -> dict[str, Any]:
         """The JSON shape the CLI prints."""
@@ -146,6 +161,7 @@ class RevisionView:
             "created_at": self.created_at.isoformat(),
             "undone_at": self.undone_at.isoformat() if self.undone_at else None,
             "undone_by": self.undone_by,
+            "prior_status": self.prior_status or "live",
         }
 
 
@@ -157,6 +173,47 @@ class Added:
     retired: tuple[str, ...] = ()
     duplicate: bool = False
     """True when the same fact was already on record: nothing was written, ``record`` is the known one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Merge:
+    """A consolidation merge: the live agent_notes the new record replaces, and who decided it."""
+
+    sources: tuple[str, ...]
+    reason: str
+    judge_model: str | None = None
+    prompt_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewView:
+    """One person's decision on a record (confirm, reject, retract)."""
+
+    id: str
+    record_id: str
+    action: str
+    by_user_id: str
+    at: datetime
+    reason: str
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON shape the CLI prints."""
+        return {
+            "id": self.id,
+            "record_id": self.record_id,
+            "action": self.action,
+            "by": self.by_user_id,
+            "at": self.at.isoformat(),
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Undone:
+    """What an undo did: the revision rows it marked undone and the records it returned."""
+
+    revisions: tuple[RevisionView, ...]
+    restored: tuple[MemoryRecordView, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +235,15 @@ def new_record_id() -> str:
 
 def _new_revision_id() -> str:
     return "rv_" + secrets.token_hex(8)
+
+
+def new_run_id(prefix: str = "run") -> str:
+    """A fresh run id (a relearn, a belief revision, a consolidation)."""
+    return f"{prefix}_" + secrets.token_hex(8)
+
+
+def _said_again(content: str) -> str:
+    return " ".join(content.split()).lower()
 
 
 def _view(row: Any) -> MemoryRecordView:
@@ -210,6 +276,11 @@ def _orm_view(rec: MemoryRecord) -> MemoryRecordView:
 def _rev_view(row: Any) -> RevisionView:
     m = row._mapping
     return RevisionView(**{k: m[k] for k in RevisionView.__dataclass_fields__})
+
+
+def _review_view(row: Any) -> ReviewView:
+    m = row._mapping
+    return ReviewView(**{k: m[k] for k in ReviewView.__dataclass_fields__})
 
 
 def note_terms(subject: str, content: str) -> list[str]:
@@ -304,11 +375,28 @@ class MemoryStore:
         """The store's clock (injectable for tests)."""
         return self._clock()
 
+    @property
+    def dialect(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self._engine.dialect.name
+
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[AsyncSession]:
-        """One transaction: committed when the block ends, rolled back if it raises."""
-        async with self._sessions() as session, session.begin():
-            yield session
+    async def transaction(self, *, rollback: bool = False) -> AsyncIterator[AsyncSession]:
+        """One transaction: committed when the block ends, rolled back if it raises.
+
+        With ``rollback=True`` it is always rolled back (a dry run: everything is
+        computed as if written, and nothing is kept).
+        """
+        if not rollback:
+            async with self._sessions() as session, session.begin():
+                yield session
+            return
+        async with self._sessions() as session:
+            tx = await session.begin()
+            try:
+                yield session
+            finally:
+                await tx.rollback()
 
     # ---- writes --------------------------------------------------------------------------
 
@@ -323,14 +411,17 @@ class MemoryStore:
         evidence: Sequence[str] = (),
         run_id: str | None = None,
         review_days: int = MAX_REVIEW_DAYS,
+        merge: Merge | None = None,
         session: AsyncSession | None = None,
     ) -> Added:
-        """Write one record under a gate decision, applying the subject rule.
+        """Write one record under a gate decision, applying the subject rule by ``said_at``.
 
         A new live record retires the live record(s) on the same subject (same
         owner for personal) -- unless one of them was said later, in which case
         the new record is itself history (``superseded`` by the newest) and
-        retires nothing. An ``unverified`` record retires nothing.
+        retires nothing. An ``unverified`` record retires nothing. The same fact
+        already on record (live, or the same saying at the same ``said_at`` in
+        any status) is not written again.
 
         Args:
             decision: The gate's WRITE or WRITE_UNVERIFIED for this principal, scope and source.
@@ -341,10 +432,12 @@ class MemoryStore:
             evidence: Message ids and/or an archive id.
             run_id: The job or run that wrote it.
             review_days: agent_notes come up for review this many days after recording (at most 90).
+            merge: For consolidation: the live notes this record merges (each is retired by it).
             session: Join this transaction instead of opening one.
 
         Raises:
-            MemoryStoreError: the decision does not allow a write, or the values are unusable.
+            MemoryStoreError: the decision does not allow a write, the values are unusable,
+                or a merge's sources are no longer live.
         """
         if not isinstance(decision, GateDecision) or not decision.writes:
             raise MemoryStoreError(f"the gate did not allow this write: {getattr(decision, 'reason', decision)!r}")
@@ -352,11 +445,18 @@ class MemoryStore:
             raise MemoryStoreError("said_at must be timezone-aware (UTC)")
         if not content.strip():
             raise MemoryStoreError("a memory record needs content")
-        args = (decision, subject, content, said_at, session_id, tuple(evidence), run_id, review_days)
+        if merge is not None and decision.source != "consolidate":
+            raise MemoryStoreError("only consolidation merges records")
+        args = (decision, subject, content, said_at, session_id, tuple(evidence), run_id, review_days, merge)
         if session is None:
             async with self.transaction() as s:
                 return await self._add(s, *args)
         return await self._add(session, *args)
+
+    async def _lock_subject(self, s: AsyncSession, scope: str, owner: str | None, key: str) -> None:
+        if self._engine.dialect.name == "postgresql":
+            # Two writers on one subject would otherwise both see "no live value" and both stay live.
+            await s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key(scope, owner, key)})
 
     async def _add(
         self,
@@ -369,6 +469,7 @@ class MemoryStore:
         evidence: Sequence[str],
         run_id: str | None,
         review_days: int,
+        merge: Merge | None,
     ) -> Added:
         now = self.now()
         scope = decision.scope
@@ -403,75 +504,143 @@ class MemoryStore:
             run_id=run_id,
             superseded_by=None,
         )
-        if self._engine.dialect.name == "postgresql":
-            # Two writers on one subject would otherwise both see "no live value" and both stay live.
-            await s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key(scope, owner, key)})
+        await self._lock_subject(s, scope, owner, key)
+        if merge is not None:
+            return await self._add_merged(s, rec, merge)
+        said_again = _said_again(content)
         same_subject = [
             _view(r)
             for r in await s.execute(
                 select(MemoryRecord.__table__).where(
                     R.scope == scope,
                     R.subject_key == key,
-                    R.status.in_(("live", "unverified")),
                     _same_owner(owner),
+                    # The same saying in any status: a relearn run twice finds its history, its
+                    # rejected and its retracted records, and writes none of them again.
+                    or_(R.status.in_(("live", "unverified")), R.said_at == said_at),
                 )
             )
         ]
-        said_again = " ".join(content.split()).lower()
         for known in same_subject:
-            # The same fact said again (each trim re-reads it) is not a new value: keep the first.
-            # An unverified copy does not count against a live write: that write is the upgrade.
-            if " ".join(known.content.split()).lower() == said_again and (known.status == "live" or status != "live"):
+            if _said_again(known.content) != said_again:
+                continue
+            if known.status == "live":
+                # The same fact said again (each trim re-reads it) is not a new value: keep the first.
                 return Added(known, duplicate=True)
+            if known.status == "unverified":
+                # An unverified copy does not count against a live write: that write is the upgrade.
+                if status != "live":
+                    return Added(known, duplicate=True)
+                continue
+            if known.said_at == said_at:
+                return Added(known, duplicate=True)
+        s.add(rec)
         if status != "live":
             # policy: "An unverified record retires nothing".
-            s.add(rec)
             await s.flush()
             return Added(_orm_view(rec))
-        live = [(v.id, v.said_at) for v in same_subject if v.status == "live"]
-        via = "consolidation" if decision.source == "consolidate" else "subject_rule"
-        cause = _CAUSE_OF_SOURCE[decision.source]
-        newer = [(rid, at) for rid, at in live if at > said_at]
-        if newer:
-            # policy: "A relearned or confirmed record older than the live value on its subject
-            # becomes history itself; it does not retire the newer value."
-            newest_id = max(newer, key=lambda p: (p[1], p[0]))[0]
-            rec.status = "superseded"
-            rec.superseded_by = newest_id
-            s.add(rec)
-            await s.flush()
-            s.add(
-                MemoryRevision(
-                    id=_new_revision_id(),
-                    retired_id=rec.id,
-                    replacing_id=newest_id,
-                    reason=f"said {said_at:%Y-%m-%d %H:%M} UTC, before the live value on '{subject}'",
-                    via=via,
-                    cause=cause,
-                    run_id=run_id,
-                    created_at=now,
-                )
-            )
-            await s.flush()
-            return Added(_orm_view(rec))
-
-        s.add(rec)
         if scope == "agent_notes":
             s.add_all(MemoryTerm(term=t, record_id=rec.id) for t in note_terms(subject, content))
         await s.flush()
+        retired = await self._subject_rule(s, _orm_view(rec), cause=_CAUSE_OF_SOURCE[decision.source], run_id=run_id)
+        return Added(await self._reread(s, rec.id), retired)
+
+    async def _reread(self, s: AsyncSession, record_id: str) -> MemoryRecordView:
+        row = (await s.execute(select(MemoryRecord.__table__).where(R.id == record_id))).first()
+        if row is None:
+            raise MemoryStoreError(f"no memory record {record_id!r}")
+        return _view(row)
+
+    async def _subject_rule(
+        self, s: AsyncSession, record: MemoryRecordView, *, cause: str, run_id: str | None
+    ) -> tuple[str, ...]:
+        """Apply the subject rule to a record that just became live; return the ids it retired.
+
+        policy: "The subject rules and belief revision replace the older value with the
+        newer by that time [when it was said]." A record said before another live value on
+        its subject becomes history itself (superseded by the newest) and retires nothing:
+        "A relearned or confirmed record older than the live value on its subject becomes
+        history itself; it does not retire the newer value."
+        """
+        others = [
+            _view(r)
+            for r in await s.execute(
+                select(MemoryRecord.__table__).where(
+                    R.scope == record.scope,
+                    R.subject_key == record.subject_key,
+                    R.status == "live",
+                    R.id != record.id,
+                    _same_owner(record.owner_user_id),
+                )
+            )
+        ]
+        newer = [o for o in others if o.said_at > record.said_at]
+        if newer:
+            newest = max(newer, key=lambda v: (v.said_at, v.id))
+            await self._retire(
+                s,
+                record.id,
+                newest.id,
+                reason=(
+                    f"said {record.said_at:%Y-%m-%d %H:%M} UTC, before the live value on '{record.subject}' "
+                    f"(said {newest.said_at:%Y-%m-%d %H:%M})"
+                ),
+                via="subject_rule",
+                cause=cause,
+                run_id=run_id,
+            )
+            return ()
         retired: list[str] = []
-        for old_id, old_at in live:
+        for old in others:
             if await self._retire(
                 s,
-                old_id,
-                rec.id,
-                reason=f"'{subject}' said again on {said_at:%Y-%m-%d %H:%M} UTC (was {old_at:%Y-%m-%d %H:%M})",
-                via=via,
+                old.id,
+                record.id,
+                reason=(
+                    f"'{record.subject}' said again on {record.said_at:%Y-%m-%d %H:%M} UTC "
+                    f"(was {old.said_at:%Y-%m-%d %H:%M})"
+                ),
+                via="subject_rule",
                 cause=cause,
                 run_id=run_id,
             ):
-                retired.append(old_id)
-        return Added(_orm_view(rec), tuple(retired))
+                retired.append(old.id)
+        return tuple(retired)
+
+    async def _add_merged(self, s: AsyncSession, rec: MemoryRecord, merge: Merge) -> Added:
+        """Write a consolidation's merged record and retire each of its sources by it."""
+        wanted = list(dict.fromkeys(merge.sources))
+        if len(wanted) < 2:
+            raise MemoryStoreError("a merge needs at least two records")
+        if rec.status != "live" or rec.scope != "agent_notes":
+            raise MemoryStoreError("consolidation merges live agent_notes only")
+        sources = {
+            v.id: v for v in (_view(r) for r in await s.execute(select(MemoryRecord.__table__).where(R.id.in_(wanted))))
+        }
+        for rid in wanted:
+            src = sources.get(rid)
+            if src is None or src.scope != "agent_notes" or src.owner_user_id is not None or src.status != "live":
+                raise MemoryStoreError(f"cannot merge {rid}: it is not a live agent note (any more)")
+        s.add(rec)
+        s.add_all(MemoryTerm(term=t, record_id=rec.id) for t in note_terms(rec.subject, rec.content))
+        await s.flush()
+        for rid in wanted:
+            done = await self._retire(
+                s,
+                rid,
+                rec.id,
+                reason=f"merged into {rec.id}: {merge.reason}"[:2000],
+                via="consolidation",
+                cause="consolidate",
+                run_id=rec.run_id,
+                judge_model=merge.judge_model,
+                prompt_version=merge.prompt_version,
+            )
+            if not done:
+                # policy: "An undone retirement is a veto for that pair, forever" -- the whole merge
+                # is abandoned rather than leaving a half-merged copy behind.
+                raise MemoryStoreError(f"cannot merge {rid}: an undone revision vetoes it")
+        return Added(_orm_view(rec), tuple(wanted))
 
     async def _retire(
         self,
@@ -489,21 +658,21 @@ class MemoryStore:
     ) -> bool:
         if via not in VIAS or cause not in CAUSES:
             raise MemoryStoreError(f"unknown retirement via={via!r} cause={cause!r}")
-        if replacing_id is not None:
+        if replacing_id is not None and await self._vetoed(s, retired_id, replacing_id):
             # policy: "the undone row stands as a veto: the same record never replaces the same record again".
-            veto = await s.execute(
-                select(MemoryRevision.id).where(
-                    MemoryRevision.retired_id == retired_id,
-                    MemoryRevision.replacing_id == replacing_id,
-                    MemoryRevision.undone_at.is_not(None),
-                )
+            return False
+        prior = (
+            await s.execute(
+                select(R.status).where(R.id == retired_id, R.status.in_(("live", "unverified"))).with_for_update()
             )
-            if veto.first() is not None:
-                return False
+        ).scalar_one_or_none()
+        if prior is None:
+            return False
         changed = await s.execute(
             update(MemoryRecord)
-            .where(MemoryRecord.id == retired_id, MemoryRecord.status.in_(("live", "unverified")))
+            .where(MemoryRecord.id == retired_id, MemoryRecord.status == prior)
             .values(status=status, superseded_by=replacing_id)
+            .execution_options(synchronize_session=False)
         )
         if changed.rowcount != 1:  # type: ignore[attr-defined]
             return False
@@ -520,10 +689,21 @@ class MemoryStore:
                 judge_model=judge_model,
                 prompt_version=prompt_version,
                 created_at=self.now(),
+                prior_status=prior,
             )
         )
         await s.flush()
         return True
+
+    async def _vetoed(self, s: AsyncSession, retired_id: str, replacing_id: str) -> bool:
+        veto = await s.execute(
+            select(MemoryRevision.id).where(
+                MemoryRevision.retired_id == retired_id,
+                MemoryRevision.replacing_id == replacing_id,
+                MemoryRevision.undone_at.is_not(None),
+            )
+        )
+        return veto.first() is not None
 
     async def retire_superseded(
         self,
@@ -555,6 +735,265 @@ class MemoryStore:
             async with self.transaction() as s:
                 return await self._retire(s, retired_id, replacing_id, **kwargs)
         return await self._retire(session, retired_id, replacing_id, **kwargs)
+
+    async def apply_subject_rule(
+        self, record_id: str, *, cause: str, run_id: str | None = None, session: AsyncSession | None = None
+    ) -> tuple[str, ...]:
+        """Apply the subject rule to a live record again (belief revision does this first).
+
+        Returns the ids it retired (none if the record is not live, or is older
+        than the live value on its subject and so became history). Undone pairs
+        stay vetoed.
+        """
+
+        async def go(s: AsyncSession) -> tuple[str, ...]:
+            rec = await self._locked(s, record_id)
+            if rec.status != "live":
+                return ()
+            await self._lock_subject(s, rec.scope, rec.owner_user_id, rec.subject_key)
+            return await self._subject_rule(s, rec, cause=cause, run_id=run_id)
+
+        if session is None:
+            async with self.transaction() as s:
+                return await go(s)
+        return await go(session)
+
+    async def live_on_subject(
+        self, scope: str, subject_key: str, *, owner_user_id: str | None = None
+    ) -> list[MemoryRecordView]:
+        """The live records on one normalised subject (one owner's for personal), newest said first."""
+        q = (
+            select(MemoryRecord.__table__)
+            .where(R.scope == scope, R.subject_key == subject_key, R.status == "live", _same_owner(owner_user_id))
+            .order_by(R.said_at.desc(), R.id)
+        )
+        async with self._read() as conn:
+            return [_view(r) for r in await conn.execute(q)]
+
+    async def notes_sharing_words(
+        self, words: Sequence[str], *, exclude_id: str | None = None, limit: int = 50
+    ) -> list[tuple[MemoryRecordView, int]]:
+        """Live agent notes sharing index terms with ``words``, most shared first, with the count."""
+        wanted = list(dict.fromkeys(words))[:MAX_NOTE_TERMS]
+        if not wanted:
+            return []
+        T = MemoryTerm.__table__
+        shared = (
+            select(T.c.record_id, func.count().label("n"))
+            .where(T.c.term.in_(wanted))
+            .group_by(T.c.record_id)
+            .subquery("shared")
+        )
+        q = (
+            select(MemoryRecord.__table__, shared.c.n)
+            .join(shared, shared.c.record_id == R.id)
+            .where(R.status == "live", R.scope == "agent_notes")
+            .order_by(shared.c.n.desc(), R.said_at.desc(), R.id)
+            .limit(limit)
+        )
+        if exclude_id is not None:
+            q = q.where(R.id != exclude_id)
+        async with self._read() as conn:
+            return [(_view(r), int(r.n)) for r in await conn.execute(q)]
+
+    # ---- review: confirm, reject, retract -------------------------------------------------
+
+    def _review(self, record_id: str, action: str, by: str, reason: str) -> MemoryReview:
+        return MemoryReview(
+            id="rw_" + secrets.token_hex(8), record_id=record_id, action=action, by_user_id=by, at=self.now(),
+            reason=reason,
+        )  # fmt: skip
+
+    async def _locked(self, s: AsyncSession, record_id: str) -> MemoryRecordView:
+        row = (await s.execute(select(MemoryRecord.__table__).where(R.id == record_id).with_for_update())).first()
+        if row is None:
+            raise MemoryStoreError(f"no memory record {record_id!r}")
+        return _view(row)
+
+    async def confirm(
+        self, decision: GateDecision, record_id: str, *, run_id: str | None = None, session: AsyncSession | None = None
+    ) -> Added:
+        """Make a quarantined (``unverified``) record live under the gate's ``confirm`` decision.
+
+        The subject rule then applies by the record's own ``said_at``: a record
+        said before the live value on its subject becomes history (superseded
+        by it) rather than retiring the newer value. Who confirmed it is kept
+        in ``memory_reviews``.
+
+        Raises:
+            MemoryStoreError: the decision is not a confirm write, the record is
+                unknown, or it is not awaiting review.
+        """
+        if not isinstance(decision, GateDecision) or decision.source != "confirm" or decision.status != "live":
+            raise MemoryStoreError(f"the gate did not allow this confirm: {getattr(decision, 'reason', decision)!r}")
+        if session is None:
+            async with self.transaction() as s:
+                return await self._confirm(s, decision, record_id, run_id)
+        return await self._confirm(session, decision, record_id, run_id)
+
+    async def _confirm(self, s: AsyncSession, decision: GateDecision, record_id: str, run_id: str | None) -> Added:
+        rec = await self._locked(s, record_id)
+        if rec.status != "unverified":
+            raise MemoryStoreError(f"memory record {record_id} is {rec.status}, not awaiting review")
+        if rec.scope != decision.scope:
+            raise MemoryStoreError(f"the confirm decision is for {decision.scope}, the record is {rec.scope}")
+        await self._lock_subject(s, rec.scope, rec.owner_user_id, rec.subject_key)
+        await s.execute(
+            update(MemoryRecord)
+            .where(MemoryRecord.id == record_id, MemoryRecord.status == "unverified")
+            .values(status="live")
+            .execution_options(synchronize_session=False)
+        )
+        if rec.scope == "agent_notes":
+            s.add_all(MemoryTerm(term=t, record_id=rec.id) for t in note_terms(rec.subject, rec.content))
+        by = decision.principal.user_id or decision.principal.system_name or "unknown"
+        s.add(self._review(record_id, "confirm", by, decision.reason))
+        await s.flush()
+        retired = await self._subject_rule(s, await self._reread(s, record_id), cause="confirm", run_id=run_id)
+        return Added(await self._reread(s, record_id), retired)
+
+    async def reject(self, decision: GateDecision, record_id: str, *, reason: str = "") -> MemoryRecordView:
+        """Keep a quarantined record as ``rejected`` (never in a prompt, nothing deleted).
+
+        ``decision`` is the gate's answer for ``confirm`` by the reviewer: the
+        same authority decides both ways.
+
+        Raises:
+            MemoryStoreError: not allowed, unknown record, or not awaiting review.
+        """
+        if not isinstance(decision, GateDecision) or decision.source != "confirm" or not decision.writes:
+            raise MemoryStoreError(f"the gate did not allow this review: {getattr(decision, 'reason', decision)!r}")
+        async with self.transaction() as s:
+            rec = await self._locked(s, record_id)
+            if rec.status != "unverified":
+                raise MemoryStoreError(f"memory record {record_id} is {rec.status}, not awaiting review")
+            await s.execute(
+                update(MemoryRecord)
+                .where(MemoryRecord.id == record_id)
+                .values(status="rejected")
+                .execution_options(synchronize_session=False)
+            )
+            by = decision.principal.user_id or "unknown"
+            s.add(self._review(record_id, "reject", by, reason or "rejected in review"))
+            await s.flush()
+            return await self._reread(s, record_id)
+
+    async def retract(self, record_id: str, *, by_user_id: str, reason: str) -> MemoryRecordView:
+        """Retract a live agent note: a later event by a named admin; nothing is deleted.
+
+        Authorization is the caller's (``memory.review.retract_note`` checks
+        ``is_human_admin``).
+
+        Raises:
+            MemoryStoreError: unknown record, not an agent note, or not live.
+        """
+        if not reason.strip():
+            raise MemoryStoreError("a retraction needs a reason")
+        async with self.transaction() as s:
+            rec = await self._locked(s, record_id)
+            if rec.scope != "agent_notes":
+                raise MemoryStoreError(f"memory record {record_id} is {rec.scope}; only agent_notes are retracted")
+            if rec.status != "live":
+                raise MemoryStoreError(f"memory record {record_id} is {rec.status}; only a live note is retracted")
+            await s.execute(
+                update(MemoryRecord)
+                .where(MemoryRecord.id == record_id)
+                .values(status="retracted")
+                .execution_options(synchronize_session=False)
+            )
+            await s.execute(delete(MemoryTerm).where(MemoryTerm.record_id == record_id))
+            s.add(self._review(record_id, "retract", by_user_id, reason.strip()))
+            await s.flush()
+            return await self._reread(s, record_id)
+
+    async def reviews_for(self, record_id: str) -> list[ReviewView]:
+        """Who confirmed, rejected or retracted this record, oldest first."""
+        t = MemoryReview.__table__
+        async with self._read() as conn:
+            rows = await conn.execute(select(t).where(t.c.record_id == record_id).order_by(t.c.at, t.c.id))
+            return [_review_view(r) for r in rows]
+
+    # ---- revisions: list and undo ---------------------------------------------------------
+
+    async def get_revision(self, revision_id: str) -> RevisionView | None:
+        """One revision row, or None."""
+        t = MemoryRevision.__table__
+        async with self._read() as conn:
+            row = (await conn.execute(select(t).where(t.c.id == revision_id))).first()
+        return _rev_view(row) if row else None
+
+    async def list_revisions(self, *, run_id: str | None = None, limit: int = 1000) -> list[RevisionView]:
+        """Revision rows, newest first (one run's if ``run_id``)."""
+        t = MemoryRevision.__table__
+        q = select(t)
+        if run_id is not None:
+            q = q.where(t.c.run_id == run_id)
+        q = q.order_by(t.c.created_at.desc(), t.c.id.desc()).limit(limit)
+        async with self._read() as conn:
+            return [_rev_view(r) for r in await conn.execute(q)]
+
+    async def undone_revisions(self) -> list[RevisionView]:
+        """Every undone revision row: the vetoed pairs."""
+        t = MemoryRevision.__table__
+        async with self._read() as conn:
+            return [_rev_view(r) for r in await conn.execute(select(t).where(t.c.undone_at.is_not(None)))]
+
+    async def undo(self, *, by: str, revision_id: str | None = None, run_id: str | None = None) -> Undone:
+        """Undo one revision row, or every row of a run, in one transaction.
+
+        Each retired record returns to the status it had (``live``, back in the
+        prompt); the replacing record is left in place; each row is marked
+        undone and stands as a veto for its pair forever. Authorization is the
+        caller's (``memory.revisions``).
+
+        Raises:
+            MemoryStoreError: unknown id or run, already undone, or the record has
+                moved on since (nothing is changed then).
+        """
+        if (revision_id is None) == (run_id is None):
+            raise MemoryStoreError("undo one revision id or one run id")
+        t = MemoryRevision.__table__
+        async with self.transaction() as s:
+            q = select(t).with_for_update()
+            q = q.where(t.c.id == revision_id) if revision_id is not None else q.where(t.c.run_id == run_id)
+            rows = [_rev_view(r) for r in await s.execute(q.order_by(t.c.created_at.desc(), t.c.id.desc()))]
+            what = f"revision {revision_id}" if revision_id is not None else f"run {run_id}"
+            if not rows:
+                raise MemoryStoreError(f"no {what}; see 'goclaw memory revisions'")
+            pending = [r for r in rows if r.undone_at is None]
+            if not pending:
+                raise MemoryStoreError(f"{what} is already undone (its retirements stand as vetoes)")
+            now = self.now()
+            restored: list[MemoryRecordView] = []
+            # Newest first: in a chain (a retired by b, b retired by c) each record is put back
+            # before the one that replaced it is looked at.
+            for rev in pending:
+                rec = await self._locked(s, rev.retired_id)
+                if rec.status != "superseded" or rec.superseded_by != rev.replacing_id:
+                    raise MemoryStoreError(
+                        f"cannot undo {rev.id}: record {rec.id} is {rec.status}"
+                        + (f" (by {rec.superseded_by})" if rec.superseded_by else "")
+                        + " since; nothing was changed"
+                    )
+                back = rev.prior_status or "live"
+                await s.execute(
+                    update(MemoryRecord)
+                    .where(MemoryRecord.id == rec.id)
+                    .values(status=back, superseded_by=None)
+                    .execution_options(synchronize_session=False)
+                )
+                if back == "live" and rec.scope == "agent_notes":
+                    s.add_all(MemoryTerm(term=w, record_id=rec.id) for w in note_terms(rec.subject, rec.content))
+                await s.execute(
+                    update(MemoryRevision)
+                    .where(MemoryRevision.id == rev.id, MemoryRevision.undone_at.is_(None))
+                    .values(undone_at=now, undone_by=by)
+                    .execution_options(synchronize_session=False)
+                )
+                await s.flush()
+                restored.append(await self._reread(s, rec.id))
+            done = [_rev_view(r) for r in await s.execute(select(t).where(t.c.id.in_([r.id for r in pending])))]
+            return Undone(tuple(done), tuple(restored))
 
     # ---- reads ---------------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 ``MemoryWriter.write(principal, scope, source, ...)`` calls
 :func:`memory.gate.decide` and writes only what it allows. ``batch()`` groups
 several writes into one transaction (a trimmed slice's extraction is committed
-whole or not at all).
+whole or not at all); ``batch(rollback=True)`` is a dry run. ``confirm`` and
+``reject`` (review of quarantined records) ask the gate for source ``confirm``
+too: every path that changes what memory holds goes through it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.gate import NO_EXTRA_WRITERS, GateDecision, WriteAccess, decide
-from memory.store import MAX_REVIEW_DAYS, MemoryRecordView, MemoryStore
+from memory.store import MAX_REVIEW_DAYS, MemoryRecordView, MemoryStore, MemoryStoreError, Merge
 from pairing.principal import Principal
 
 
@@ -83,6 +85,7 @@ class MemoryWriter:
         session_id: str | None = None,
         evidence: Sequence[str] = (),
         run_id: str | None = None,
+        merge: Merge | None = None,
     ) -> WriteResult:
         """Ask the gate, then write (in its own transaction) what it allows."""
         async with self.batch() as batch:
@@ -98,13 +101,46 @@ class MemoryWriter:
                 session_id=session_id,
                 evidence=evidence,
                 run_id=run_id,
+                merge=merge,
             )
 
     @asynccontextmanager
-    async def batch(self) -> AsyncIterator[WriteBatch]:
-        """Several gated writes in one transaction: all committed, or none."""
-        async with self.store.transaction() as session:
+    async def batch(self, *, rollback: bool = False) -> AsyncIterator[WriteBatch]:
+        """Several gated writes in one transaction: all committed, or none (always none if ``rollback``)."""
+        async with self.store.transaction(rollback=rollback) as session:
             yield WriteBatch(self, session)
+
+    async def confirm(self, principal: Principal, record_id: str, *, run_id: str | None = None) -> WriteResult:
+        """Ask the gate (source ``confirm``), then make a quarantined record live.
+
+        The record keeps its own ``said_at``: confirmed, it is ordered by when it
+        was said, so an older one becomes history instead of retiring a newer value.
+
+        Raises:
+            MemoryStoreError: unknown record, or not awaiting review.
+        """
+        record = await self.store.get(record_id)
+        if record is None:
+            raise MemoryStoreError(f"no memory record {record_id!r}")
+        decision = self.decide(principal, record.scope, "confirm")
+        if not decision.writes:
+            return WriteResult(decision)
+        added = await self.store.confirm(decision, record_id, run_id=run_id)
+        return WriteResult(decision, added.record, added.retired)
+
+    async def reject(self, principal: Principal, record_id: str, *, reason: str = "") -> WriteResult:
+        """Ask the gate (the reviewer's authority is the ``confirm`` one), then keep the record as ``rejected``.
+
+        Raises:
+            MemoryStoreError: unknown record, or not awaiting review.
+        """
+        record = await self.store.get(record_id)
+        if record is None:
+            raise MemoryStoreError(f"no memory record {record_id!r}")
+        decision = self.decide(principal, record.scope, "confirm")
+        if not decision.writes:
+            return WriteResult(decision)
+        return WriteResult(decision, await self.store.reject(decision, record_id, reason=reason))
 
 
 class WriteBatch:
@@ -145,6 +181,7 @@ class WriteBatch:
         session_id: str | None = None,
         evidence: Sequence[str] = (),
         run_id: str | None = None,
+        merge: Merge | None = None,
     ) -> WriteResult:
         """Ask the gate, then write what it allows in this batch's transaction."""
         decision = self.decide(principal, scope, source, owner_user_id=owner_user_id, trusted=trusted)
@@ -159,6 +196,7 @@ class WriteBatch:
             evidence=evidence,
             run_id=run_id,
             review_days=self._writer.notes_review_days,
+            merge=merge,
             session=self._session,
         )
         return WriteResult(decision, added.record, added.retired, added.duplicate)
