@@ -30,10 +30,12 @@ ignored and logged; nothing is retired for it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from memory.belief_revision import load_json_answer
@@ -211,8 +213,34 @@ class _Union:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
+@lru_cache(maxsize=65_536)
+def _words(subject: str, content: str) -> frozenset[str]:
+    return frozenset(note_terms(subject, content))
+
+
+@lru_cache(maxsize=65_536)
+def _same_key(content: str) -> str:
+    return same_note_key(content)
+
+
+@dataclass(slots=True)
+class PairMemo:
+    """What earlier clusterings found: which notes were compared, and the pairs that were alike.
+
+    Notes never change (append-only), so two notes compared once need not be
+    compared again: a run over a large, settled store then compares only the
+    notes new to it.
+    """
+
+    compared: set[str] = field(default_factory=set)
+    alike: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
 def cluster_by_words(
-    records: Sequence[MemoryRecordView], *, batch_size: int = BATCH_SIZE
+    records: Sequence[MemoryRecordView],
+    *,
+    batch_size: int = BATCH_SIZE,
+    memo: PairMemo | None = None,
 ) -> list[list[MemoryRecordView]]:
     """Group notes that share their words, most alike first; each group has 2..``batch_size`` notes.
 
@@ -220,11 +248,17 @@ def cluster_by_words(
     together; otherwise two notes go together when one of a note's rarest
     words leads to the other and they share at least 30% of their words. A
     note alike to no other is left out: it has no repeat to find.
+
+    Args:
+        records: The notes.
+        batch_size: The largest group.
+        memo: Pairs compared by earlier calls (updated here): two notes both
+            compared before are not compared again, their earlier result stands.
     """
     if len(records) < 2:
         return []
     by_id = {r.id: r for r in records}
-    words = {r.id: frozenset(note_terms(r.subject, r.content)) for r in records}
+    words = {r.id: _words(r.subject, r.content) for r in records}
     union = _Union()
     score: dict[str, float] = {}
 
@@ -235,7 +269,7 @@ def cluster_by_words(
 
     same: dict[str, list[str]] = defaultdict(list)
     for r in records:
-        key = same_note_key(r.content)
+        key = _same_key(r.content)
         if key:
             same[key].append(r.id)
     for ids in same.values():
@@ -248,15 +282,31 @@ def cluster_by_words(
         for w in ws:
             if 2 <= df[w] <= _MAX_DF:
                 postings[w].append(rid)
+    before = memo.compared if memo is not None else set()
+    alike: dict[tuple[str, str], float] = {}
+    if memo is not None:
+        alike = {p: v for p, v in memo.alike.items() if p[0] in words and p[1] in words}
     for rid, ws in words.items():
         rare = sorted((w for w in ws if 2 <= df[w] <= _MAX_DF), key=lambda w: (df[w], w))[:_RARE_WORDS]
+        near: set[str] = set()
         for w in rare:
-            for other in postings[w]:
-                if other == rid or not ws:
-                    continue
-                overlap = len(ws & words[other]) / len(ws | words[other])
-                if overlap >= _MIN_OVERLAP:
-                    join(rid, other, overlap)
+            near.update(postings[w])
+        near.discard(rid)
+        if rid in before:
+            near.difference_update(before)
+        size = len(ws)
+        for other in near:
+            theirs = words[other]
+            shared = len(ws & theirs)
+            # Jaccard overlap, the union counted rather than built (this loop is the clustering's cost).
+            overlap = shared / (size + len(theirs) - shared)
+            if overlap >= _MIN_OVERLAP:
+                alike[(rid, other) if rid < other else (other, rid)] = overlap
+    for (a, b), overlap in alike.items():
+        join(a, b, overlap)
+    if memo is not None:
+        memo.compared = set(words)
+        memo.alike = alike
 
     groups: dict[str, list[str]] = defaultdict(list)
     for rid in words:
@@ -264,7 +314,7 @@ def cluster_by_words(
             groups[union.find(rid)].append(rid)
     clusters: list[tuple[float, str, list[MemoryRecordView]]] = []
     for root, ids in groups.items():
-        members = sorted((by_id[i] for i in ids), key=lambda r: (same_note_key(r.content), r.said_at, r.id))
+        members = sorted((by_id[i] for i in ids), key=lambda r: (_same_key(r.content), r.said_at, r.id))
         best = max(score[i] for i in ids)
         for start in range(0, len(members), batch_size):
             chunk = members[start : start + batch_size]
@@ -381,6 +431,7 @@ class Consolidator:
         # policy: "at most 40 records a call ... at most six calls" -- a setting may lower them, never raise.
         self.batch_size = max(2, min(batch_size, BATCH_SIZE))
         self.max_calls = max(1, min(max_calls, MAX_CALLS))
+        self._pairs = PairMemo()
         self._looked_at: dict[str, frozenset[str]] = {}
         """Record id -> the ids of the batch it was looked at in, without a repeat found (this process only)."""
 
@@ -392,6 +443,7 @@ class Consolidator:
     def forget(self) -> None:
         """Empty the looked-at cache (as a restart of the gateway does)."""
         self._looked_at.clear()
+        self._pairs = PairMemo()
 
     async def run(self, principal: Principal, *, run_id: str | None = None) -> ConsolidationRun:
         """One consolidation run as ``principal`` (an admin's ``notes_distill`` or the scheduler's system run)."""
@@ -412,7 +464,8 @@ class Consolidator:
         for rid in [k for k in self._looked_at if k not in live_ids]:
             del self._looked_at[rid]
 
-        clusters = cluster_by_words(eligible, batch_size=self.batch_size)
+        # Clustering is CPU work on every live note: off the event loop, so turns are not held up.
+        clusters = await asyncio.to_thread(cluster_by_words, eligible, batch_size=self.batch_size, memo=self._pairs)
         fresh: list[list[MemoryRecordView]] = []
         for cluster in clusters:
             if all(r.id in self._looked_at for r in cluster):
