@@ -109,6 +109,7 @@ class Gateway:
         self._build_channels()
         if worker:
             await self.worker.start()
+            await self.memory.scheduler.start()
         if channels:
             await self.start_channels()
 
@@ -177,6 +178,8 @@ class Gateway:
             self.channel_state[name] = "stopped"
         if hasattr(self, "worker"):
             await self.worker.stop()
+        if hasattr(self, "memory"):
+            await self.memory.scheduler.stop()
         if hasattr(self, "provider"):
             await self.provider.stop()
         if hasattr(self, "engine") and self._engine_override is None:

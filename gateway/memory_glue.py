@@ -11,14 +11,13 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from gateway.llm.base import ChatMessage, JsonSchema, LLMProvider, Tool
+from gateway.llm.base import Tool
 from gateway.models import Job
+from gateway.scheduler import Scheduler, consolidation_model, extraction_model, judge_model
 from gateway.sessions import SessionStore, principal_from_json
 from gateway.turn import MemoryContext
 from gateway.worker import JobHandler, ParkableError
 from memory import (
-    EXTRACTION_SCHEMA,
-    EXTRACTION_SCHEMA_NAME,
     MEMORY_SEARCH_SCHEMA,
     MEMORY_WRITE_SCHEMA,
     MalformedExtraction,
@@ -34,8 +33,20 @@ from memory import (
     process_slice,
     summary_owner,
 )
+from memory.belief_revision import BeliefReviser
 from memory.tools import MEMORY_SEARCH_DESCRIPTION, MEMORY_WRITE_DESCRIPTION
+from memory.tools_admin import (
+    NOTES_DISTILL_DESCRIPTION,
+    NOTES_DISTILL_SCHEMA,
+    REVIEW_LEARNED_DESCRIPTION,
+    REVIEW_LEARNED_SCHEMA,
+    authorize_notes_distill,
+    authorize_review_learned,
+    notes_distill,
+    review_learned,
+)
 from memory.types import ExtractorModel
+from memory.writer import WriteResult
 from pairing.principal import Principal
 
 if TYPE_CHECKING:
@@ -46,17 +57,22 @@ log = logging.getLogger(__name__)
 SUMMARY_SUBJECT = "conversation summary"
 
 
-def extractor_for(provider: LLMProvider) -> ExtractorModel:
-    """The configured model as memory's structured-output seam (``extraction_result``)."""
+class RevisingWriter(MemoryWriter):
+    """The gated writer, followed by belief revision for every new live record it writes.
 
-    async def model(system: str, user: str) -> str:
-        completion = await provider.complete(
-            [ChatMessage("system", system), ChatMessage("user", user)],
-            json_schema=JsonSchema(EXTRACTION_SCHEMA_NAME, EXTRACTION_SCHEMA),
-        )
-        return completion.text
+    policy: beyond exact subject matches, the judge decides whether a new record
+    replaces related older ones. The subject rule already ran inside the write.
+    """
 
-    return model
+    reviser: BeliefReviser | None = None
+
+    async def write(self, principal: Principal, scope: str, source: str, **kwargs: Any) -> WriteResult:
+        """Write through the gate, then revise what was written."""
+        result = await super().write(principal, scope, source, **kwargs)
+        record = result.record if result.written else None
+        if self.reviser is not None and record is not None and record.status == "live":
+            await self.reviser.revise(record.id, cause="live")
+        return result
 
 
 class GatewayMemory:
@@ -69,6 +85,8 @@ class GatewayMemory:
         writer: MemoryWriter,
         sessions: SessionStore,
         extractor: ExtractorModel,
+        reviser: BeliefReviser,
+        scheduler: Scheduler,
         token_budget: int,
         max_chars: int,
     ) -> None:
@@ -76,6 +94,8 @@ class GatewayMemory:
         self.writer = writer
         self.sessions = sessions
         self.extractor = extractor
+        self.reviser = reviser
+        self.scheduler = scheduler
         self.token_budget = token_budget
         self.max_chars = max_chars
 
@@ -85,7 +105,11 @@ class GatewayMemory:
         return MemoryContext(sections.operational, sections.personal, sections.used_ids)
 
     def tools(self, principal: Principal, *, session_id: str, message_id: str, said_at: datetime) -> list[Tool]:
-        """``memory_write`` and ``memory_search``; the gate inside decides what a write may do."""
+        """``memory_write``, ``memory_search``; for admins ``review_learned`` and ``notes_distill``.
+
+        The gate inside each write decides what it may do; the admin tools also
+        check the principal before they run (``authorize``).
+        """
 
         async def write(p: Principal, args: Mapping[str, Any]) -> str:
             return await memory_write(
@@ -101,9 +125,17 @@ class GatewayMemory:
         async def search(p: Principal, args: Mapping[str, Any]) -> str:
             return await memory_search(self.store, p, args)
 
+        async def review(p: Principal, args: Mapping[str, Any]) -> str:
+            return await review_learned(self.writer, p, args, reviser=self.reviser)
+
+        async def distill(p: Principal, args: Mapping[str, Any]) -> str:
+            return await notes_distill(p, args, run=self.scheduler.notes_distill)
+
         return [
             Tool("memory_write", MEMORY_WRITE_DESCRIPTION, MEMORY_WRITE_SCHEMA, write),
             Tool("memory_search", MEMORY_SEARCH_DESCRIPTION, MEMORY_SEARCH_SCHEMA, search),
+            Tool("review_learned", REVIEW_LEARNED_DESCRIPTION, REVIEW_LEARNED_SCHEMA, review, authorize_review_learned),
+            Tool("notes_distill", NOTES_DISTILL_DESCRIPTION, NOTES_DISTILL_SCHEMA, distill, authorize_notes_distill),
         ]
 
     async def directive(
@@ -145,6 +177,9 @@ class GatewayMemory:
             )
         except MalformedExtraction as exc:
             raise ParkableError(f"malformed extractor answer ({exc.problem})", exc.raw) from None
+        # The subject rule ran inside each write; the judge looks further. A failing
+        # judge retires nothing and does not fail the job.
+        await self.reviser.revise_many([r.id for r in outcome.written if r.status == "live"], cause="live")
         # policy: the summary goes to personal memory only when every message in the
         # slice was the current speaker's; a shared thread's summary stays in the session.
         owner = summary_owner(slice_, turn_principal)
@@ -175,16 +210,29 @@ def build_memory(gw: Gateway) -> tuple[GatewayMemory, dict[str, JobHandler]]:
     """The memory glue for a started gateway, and the job handlers it brings."""
     cfg = gw.config.memory
     store = MemoryStore(gw.engine, clock=gw.clock)
-    writer = MemoryWriter(
+    writer = RevisingWriter(
         store,
         write_access=WriteAccess(users=cfg.write_access.users, roles=cfg.write_access.roles),
         notes_review_days=cfg.notes_review_days,
+    )
+    reviser = BeliefReviser(store, judge_model(gw.provider), judge_model=gw.provider.model)
+    writer.reviser = reviser
+    scheduler = Scheduler(
+        engine=gw.engine,
+        writer=writer,
+        model=consolidation_model(gw.provider),
+        model_name=gw.provider.model,
+        consolidation_time=cfg.consolidation_time,
+        auto_distill=cfg.auto_distill,
+        clock=gw.clock,
     )
     glue = GatewayMemory(
         store=store,
         writer=writer,
         sessions=gw.sessions,
-        extractor=extractor_for(gw.provider),
+        extractor=extraction_model(gw.provider),
+        reviser=reviser,
+        scheduler=scheduler,
         token_budget=cfg.prompt_token_budget,
         max_chars=cfg.max_content_chars,
     )

@@ -56,7 +56,8 @@ async def test_admin_model_tool_call_writes_agent_notes_through_the_gate(sqlite_
         # The tool result went back to the model in OpenAI's wire format.
         tool_msgs = [m for m in peer.requests[1]["messages"] if m["role"] == "tool"]
         assert len(tool_msgs) == 1 and "Saved" in tool_msgs[0]["content"]
-        assert {t["function"]["name"] for t in peer.requests[0]["tools"]} == {"memory_write", "memory_search"}
+        offered = {t["function"]["name"] for t in peer.requests[0]["tools"]}
+        assert offered == {"memory_write", "memory_search", "review_learned", "notes_distill"}
     finally:
         await gw.stop()
 
@@ -75,6 +76,8 @@ async def test_user_model_tool_call_to_agent_notes_is_refused_and_nothing_writte
         assert await gw.memory.store.live_notes() == []
         (tool_msg,) = [m for m in peer.requests[1]["messages"] if m["role"] == "tool"]
         assert "scope='personal'" in tool_msg["content"]
+        # Admin tools are not even offered to a regular user.
+        assert {t["function"]["name"] for t in peer.requests[0]["tools"]} == {"memory_write", "memory_search"}
     finally:
         await gw.stop()
 
