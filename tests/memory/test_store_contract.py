@@ -259,9 +259,7 @@ async def test_every_retirement_writes_a_revision_row(writer: MemoryWriter, engi
 
 
 async def test_concurrent_writes_on_one_subject_leave_one_live_value(writer: MemoryWriter, engine: AsyncEngine) -> None:
-    if engine.dialect.name == "sqlite":
-        pytest.skip("SQLite serialises writers (one gateway process); the advisory lock is PostgreSQL's")
-
+    # PostgreSQL: the per-subject lock; SQLite: one queued connection serialises writers.
     async def one(n: int) -> None:
         await writer.write(
             ALICE, "agent_notes", "live", subject="race", content=f"v{n}", said_at=T0 + timedelta(seconds=n)
