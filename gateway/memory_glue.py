@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.llm.base import Tool
 from gateway.models import Job
 from gateway.scheduler import Scheduler, consolidation_model, extraction_model, judge_model
-from gateway.sessions import SessionStore, principal_from_json
+from gateway.sessions import SessionStore, principal_from_json, summarize
 from gateway.turn import MemoryContext
 from gateway.worker import JobHandler, ParkableError
 from memory import (
@@ -161,7 +161,8 @@ class GatewayMemory:
         payload = job.payload
         archive_id = payload["archive_id"]
         turn_principal = principal_from_json(payload["turn_principal"])
-        slice_ = [m.as_slice() for m in await self.sessions.archive_messages(archive_id)]
+        stored = await self.sessions.archive_messages(archive_id)
+        slice_ = [m.as_slice() for m in stored]
         if not slice_:
             log.warning("job %s: archive %s has no messages; nothing to extract", job.id, archive_id)
             return
@@ -183,7 +184,10 @@ class GatewayMemory:
         # policy: the summary goes to personal memory only when every message in the
         # slice was the current speaker's; a shared thread's summary stays in the session.
         owner = summary_owner(slice_, turn_principal)
-        summary = str(payload.get("summary") or "")
+        # The personal copy is made of the owner's own lines only: an agent reply at
+        # the slice's edge may answer someone else and must not carry them along.
+        own = [m for m in stored if m.speaker_user_id == owner and not m.is_agent] if owner else []
+        summary = summarize(own) if own else ""
         if owner is not None and summary:
             await self.writer.write(
                 turn_principal,

@@ -13,7 +13,7 @@ from typing import Protocol
 from gateway.config import Config
 from gateway.llm.base import ChatMessage, LLMProvider, LLMUnavailable, Tool
 from gateway.metrics import Metrics
-from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens
+from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, safe_name
 from gateway.sessions import SessionKey, SessionStore, StoredMessage, TrimResult
 from memory.types import SliceMessage
 from pairing.principal import Principal
@@ -242,7 +242,7 @@ class TurnHandler:
                 msg = ChatMessage("assistant", m.text)
             else:
                 who = m.speaker_user_id or "unpaired"
-                msg = ChatMessage("user", f"[{m.display_name or who} · {who}] {m.text}")
+                msg = ChatMessage("user", f"[{safe_name(m.display_name or who)} · {who}] {m.text}")
             cost = estimate_tokens(msg.content)
             if used + cost > budget and out:
                 break

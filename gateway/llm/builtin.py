@@ -13,7 +13,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 
 from gateway.llm.base import ChatMessage, Completion, JsonSchema, Tool
-from gateway.prompt import OPERATIONAL, PERSONAL
+from gateway.prompt import OPERATIONAL, PERSONAL, SPEAKER
 
 LABEL = "[offline model]"
 _WORD = re.compile(r"[a-z0-9_]{3,}")
@@ -28,6 +28,14 @@ _ID = re.compile(r"\[(m_[0-9a-f]+)\]")
 
 def _words(text: str) -> set[str]:
     return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+
+
+def _speaker_role(system: str) -> str:
+    start = system.find(SPEAKER + "\n")
+    if start < 0:
+        return ""
+    first = system[start + len(SPEAKER) + 1 :].split("\n", 1)[0]
+    return first.removeprefix("Paired role: ").strip() if first.startswith("Paired role: ") else ""
 
 
 def _section(system: str, heading: str) -> list[str]:
@@ -86,7 +94,9 @@ class BuiltinProvider:
 
     def respond(self, system: str, user: str) -> str:
         """The template reply: which remembered items bear on the message, and which were used."""
-        is_admin = "paired role: administrator" in system
+        # Authority is read from the first line of CURRENT SPEAKER only: the rest of
+        # the prompt (memory, previous context, history) is text people typed.
+        is_admin = _speaker_role(system) == "administrator"
         notes = _section(system, OPERATIONAL)
         personal = _section(system, PERSONAL)
         asked = _words(user)
