@@ -28,6 +28,8 @@ app.add_typer(config_app, name="config")
 app.add_typer(db_app, name="db")
 app.add_typer(users_app, name="users")
 app.add_typer(pairing_app, name="pairing")
+archives_app = typer.Typer(help="Archives of trimmed history.", no_args_is_help=True)
+app.add_typer(archives_app, name="archives")
 
 
 def _mount_memory() -> None:
@@ -244,6 +246,74 @@ def pairing_reject(channel: str, code: str, config: str | None = ConfigOpt) -> N
     """Reject a pairing code."""
     req = run_with_store(config, lambda s: s.reject(channel.lower(), code, by="operator"))
     out.print(f"rejected {req.code} from {req.display_name}", highlight=False)
+
+
+def _with_sessions(config: str | None, body: Callable[[Any], Awaitable[T]]) -> T:
+    from gateway.sessions import SessionStore
+
+    cfg = load(config)
+
+    async def go() -> T:
+        engine = make_engine(cfg.database.url)
+        try:
+            await upgrade(engine)
+            return await body(SessionStore(engine))
+        finally:
+            await engine.dispose()
+
+    return run(go())
+
+
+@archives_app.command("list")
+@cli_errors
+def archives_list(
+    session: str | None = typer.Option(None, "--session", help="Only this session's archives."),
+    as_json: bool = JsonOpt,
+    config: str | None = ConfigOpt,
+) -> None:
+    """Archives of trimmed history, oldest first, with their trust."""
+    rows = _with_sessions(config, lambda s: s.list_archives(session_id=session))
+    data = [
+        {
+            "id": a.id,
+            "session": a.session_id,
+            "from": a.start_at.isoformat(),
+            "to": a.end_at.isoformat(),
+            "trust": a.trust,
+            "messages": a.message_count,
+        }
+        for a in rows
+    ]
+    if as_json:
+        print_json(data)
+        return
+    table = Table("id", "session", "from (UTC)", "to", "trust", "messages")
+    for a in rows:
+        table.add_row(
+            a.id, a.session_id, f"{a.start_at:%Y-%m-%d %H:%M}", f"{a.end_at:%H:%M}", a.trust, str(a.message_count)
+        )
+    out.print(table)
+
+
+@archives_app.command("export")
+@cli_errors
+def archives_export(
+    out_dir: str = typer.Option("data/archives", "--out", help="Folder to write the markdown files to."),
+    session: str | None = typer.Option(None, "--session", help="Only this session's archives."),
+    config: str | None = ConfigOpt,
+) -> None:
+    """Write each archive as markdown (the format `goclaw memory relearn --archive` reads)."""
+    from pathlib import Path
+
+    folder = Path(out_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GoclawError(f"cannot create {folder}: {exc.strerror}; pass --out to a writable folder") from None
+    rows = _with_sessions(config, lambda s: s.list_archives(session_id=session))
+    for a in rows:
+        (folder / f"{a.start_at:%Y%m%dT%H%M%S}-{a.id}.md").write_text(a.markdown, encoding="utf-8")
+    out.print(f"wrote {len(rows)} archive(s) to {folder}", highlight=False)
 
 
 @app.command("chat")

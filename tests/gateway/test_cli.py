@@ -181,3 +181,37 @@ def test_config_check_catches_a_bad_model_url(tmp_path: Path) -> None:
     result = goclaw("config", "check", "--config", str(cfg), cwd=tmp_path)
     assert result.returncode == 2
     assert "is not an http(s) URL" in result.stderr
+
+
+def test_archives_export_writes_markdown_that_relearn_reads(workdir: Path) -> None:
+    import asyncio
+    from datetime import UTC, datetime
+
+    from gateway.app import Gateway
+    from gateway.config import Config
+    from gateway.sessions import SessionKey
+    from gateway.turn import TurnRequest
+
+    async def make_history() -> None:
+        url = f"sqlite+aiosqlite:///{workdir / 'data' / 'goclaw.db'}"
+        cfg = Config.model_validate({"database": {"url": url}, "session": {"max_messages": 4, "keep_messages": 1}})
+        gw = Gateway(cfg)
+        await gw.start(channels=False, worker=False)
+        admin = await gw.pairing.principal_for_user((await gw.pairing.add_user("Alice", "admin")).id)
+        for i, text in enumerate(["the report is produced from example_orders", "answer me in English", "thanks"]):
+            req = TurnRequest(SessionKey("api", "r"), admin, text, f"m{i}", datetime.now(UTC), "Alice")
+            await gw.turns.handle(req)
+        await gw.stop()
+
+    asyncio.run(make_history())
+    listed = json.loads(goclaw("archives", "list", "--json", cwd=workdir).stdout)
+    assert len(listed) == 1 and listed[0]["trust"] == "admin"
+    exported = goclaw("archives", "export", "--out", "out", cwd=workdir)
+    assert exported.returncode == 0, exported.stderr
+    (path,) = (workdir / "out").glob("*.md")
+    text = path.read_text()
+    assert "- **Trust**: admin" in text
+    assert "example_orders" in text
+    relearn = goclaw("memory", "relearn", "--archive", str(path), "--dry-run", cwd=workdir)
+    assert relearn.returncode == 0, relearn.stderr
+    assert "Traceback" not in relearn.stderr
