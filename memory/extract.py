@@ -395,6 +395,33 @@ def _evidence_for(item: ExtractedItem, speaker: SpeakerLines) -> tuple[SliceMess
     return tuple(m for s, m in scored if s == best)
 
 
+_TOKEN = re.compile(r"[\w.:/@-]+", re.UNICODE)
+
+
+def _identifiers(text: str) -> set[str]:
+    """Identifier-like tokens: they carry an underscore, a digit, a dot, a slash, a colon or an @."""
+    found = set()
+    for raw in _TOKEN.findall(text.lower()):
+        token = raw.strip(".:-/@")
+        if len(token) >= 3 and any(c in token for c in "_0123456789./:@"):
+            found.add(token)
+    return found
+
+
+def ungrounded_identifiers(content: str, speaker: SpeakerLines) -> list[str]:
+    """Identifiers in ``content`` that appear nowhere in the speaker's own messages.
+
+    policy: each person is read "on their own lines", with the agent's replies only
+    as context. A model may still lift a value from an agent reply that quoted
+    someone else; code checks that every identifier of an item was the speaker's.
+    """
+    wanted = _identifiers(content)
+    if not wanted:
+        return []
+    own = " ".join(m.text for m in speaker.messages).lower()
+    return sorted(t for t in wanted if t not in own)
+
+
 async def handle_fact_extract(
     writer: GatedWriter,
     items: Sequence[ExtractedItem],
@@ -440,6 +467,15 @@ async def handle_fact_extract(
             scope, content, owner = "agent_notes", item.content, None
         else:
             out.dropped.append(Dropped(item, speaker.user_id, f"unknown kind {item.kind!r}"))
+            continue
+        foreign = ungrounded_identifiers(item.content, speaker)
+        if foreign:
+            # The agent's replies are context, not the speaker's words: an identifier
+            # (a table, host, path, number) the speaker never wrote may be someone
+            # else's, quoted back by the agent. It is not learned under this speaker.
+            out.dropped.append(
+                Dropped(item, speaker.user_id, f"not in the speaker's own words: {', '.join(foreign[:3])}")
+            )
             continue
         came_from = _evidence_for(item, speaker)
         when = said_at or max((m.said_at for m in came_from), default=None)
