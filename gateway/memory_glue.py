@@ -34,6 +34,8 @@ from memory import (
     summary_owner,
 )
 from memory.belief_revision import BeliefReviser
+from memory.revisions import authorize_undo, list_revisions, undo_revision, undo_revision_run
+from memory.store import MemoryStoreError
 from memory.tools import MEMORY_SEARCH_DESCRIPTION, MEMORY_WRITE_DESCRIPTION
 from memory.tools_admin import (
     NOTES_DISTILL_DESCRIPTION,
@@ -53,6 +55,50 @@ if TYPE_CHECKING:
     from gateway.app import Gateway
 
 log = logging.getLogger(__name__)
+
+MEMORY_REVISIONS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "action": {"type": "string", "enum": ["list", "undo"], "description": "list the newest, or undo one"},
+        "revision_id": {"type": "string", "description": "undo: the revision row to undo"},
+        "run_id": {"type": "string", "description": "list: one run's rows; undo: every row of that run"},
+    },
+    "required": ["action"],
+    "additionalProperties": False,
+}
+MEMORY_REVISIONS_DESCRIPTION = (
+    "Administrators: list recent memory retirements (who replaced what, how and why), or undo one "
+    "(revision_id) or a whole run (run_id). An undone retirement is a veto: it never happens again."
+)
+
+
+async def memory_revisions_tool(store: MemoryStore, principal: Principal, args: Mapping[str, Any]) -> str:
+    """The ``memory_revisions`` admin tool: the same actions as ``goclaw memory revisions``."""
+    refusal = authorize_undo(principal)
+    if refusal:
+        return refusal
+    action, rev, run = args.get("action"), args.get("revision_id"), args.get("run_id")
+    try:
+        if action == "list":
+            rows = await list_revisions(store, run_id=str(run) if run else None, limit=20)
+            if not rows:
+                return "No retirements recorded."
+            return "\n".join(
+                f"- {r.id}: {r.retired_id} retired by {r.replacing_id or '-'} via {r.via} ({r.cause}, run {r.run_id})"
+                + (f"; undone by {r.undone_by}" if r.undone_at else "")
+                for r in rows
+            )
+        if action == "undo" and (rev or run):
+            if rev:
+                done = await undo_revision(store, str(rev), principal=principal)
+            else:
+                done = await undo_revision_run(store, str(run), principal=principal)
+            restored = ", ".join(r.id for r in done.restored) or "none"
+            return f"Undone {len(done.revisions)} retirement(s); back in memory: {restored}. They stand as vetoes."
+    except MemoryStoreError as exc:
+        return f"error: {exc}"
+    return "error: use action 'list', or 'undo' with revision_id or run_id."
+
 
 SUMMARY_SUBJECT = "conversation summary"
 
@@ -131,11 +177,15 @@ class GatewayMemory:
         async def distill(p: Principal, args: Mapping[str, Any]) -> str:
             return await notes_distill(p, args, run=self.scheduler.notes_distill)
 
+        async def revisions(p: Principal, args: Mapping[str, Any]) -> str:
+            return await memory_revisions_tool(self.store, p, args)
+
         return [
             Tool("memory_write", MEMORY_WRITE_DESCRIPTION, MEMORY_WRITE_SCHEMA, write),
             Tool("memory_search", MEMORY_SEARCH_DESCRIPTION, MEMORY_SEARCH_SCHEMA, search),
             Tool("review_learned", REVIEW_LEARNED_DESCRIPTION, REVIEW_LEARNED_SCHEMA, review, authorize_review_learned),
             Tool("notes_distill", NOTES_DISTILL_DESCRIPTION, NOTES_DISTILL_SCHEMA, distill, authorize_notes_distill),
+            Tool("memory_revisions", MEMORY_REVISIONS_DESCRIPTION, MEMORY_REVISIONS_SCHEMA, revisions, authorize_undo),
         ]
 
     async def directive(

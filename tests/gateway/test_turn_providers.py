@@ -57,7 +57,7 @@ async def test_admin_model_tool_call_writes_agent_notes_through_the_gate(sqlite_
         tool_msgs = [m for m in peer.requests[1]["messages"] if m["role"] == "tool"]
         assert len(tool_msgs) == 1 and "Saved" in tool_msgs[0]["content"]
         offered = {t["function"]["name"] for t in peer.requests[0]["tools"]}
-        assert offered == {"memory_write", "memory_search", "review_learned", "notes_distill"}
+        assert offered == {"memory_write", "memory_search", "review_learned", "notes_distill", "memory_revisions"}
     finally:
         await gw.stop()
 
@@ -119,5 +119,34 @@ async def test_429_then_success_gives_one_reply(sqlite_url: str, peer: FakeOpenA
         assert result.reply == "Here is the report."
         assert len(peer.requests) == 2
         assert json.dumps(peer.requests[0]["messages"]) == json.dumps(peer.requests[1]["messages"])
+    finally:
+        await gw.stop()
+
+
+async def test_admin_undoes_a_retirement_through_the_memory_revisions_tool(sqlite_url: str, peer: FakeOpenAI) -> None:
+    gw = await _gateway(sqlite_url, peer.base_url)
+    try:
+        admin = await gw.pairing.principal_for_user((await gw.pairing.add_user("Alice", "admin")).id)
+        bob = await gw.pairing.principal_for_user((await gw.pairing.add_user("Bob", "user")).id)
+        await gw.turns.handle(turn(admin, "@notes: the report is produced from example_orders", "n1"))
+        await gw.turns.handle(turn(admin, "@notes: the report is produced from example_archive", "n2"))
+        (rev,) = await gw.memory.store.list_revisions()
+        old = await gw.memory.store.get(rev.retired_id)
+        assert old is not None and old.status == "superseded"
+
+        # A regular user's model calls the tool anyway: refused, nothing changes.
+        peer.reply_tool_calls(("memory_revisions", {"action": "undo", "revision_id": rev.id}))
+        peer.reply_text("ok")
+        await gw.turns.handle(turn(bob, "undo that", "b1"))
+        tool_reply = next(m for m in peer.requests[-1]["messages"] if m["role"] == "tool")
+        assert "requires an administrator" in tool_reply["content"]
+        assert (await gw.memory.store.get(rev.retired_id)).status == "superseded"  # type: ignore[union-attr]
+
+        peer.reply_tool_calls(("memory_revisions", {"action": "undo", "revision_id": rev.id}))
+        peer.reply_text("Undone.")
+        await gw.turns.handle(turn(admin, "undo the last change to the report source", "a1"))
+        assert (await gw.memory.store.get(rev.retired_id)).status == "live"  # type: ignore[union-attr]
+        (undone,) = await gw.memory.store.list_revisions()
+        assert undone.undone_by == admin.user_id
     finally:
         await gw.stop()
