@@ -5,6 +5,7 @@ gateway's database is seeded with 10,000 stored messages first. Prints turns/s
 and p50/p99 latency for each, and the throughput ratio (median of --runs).
 
     .venv/bin/python bench/turn_overhead.py [--requests 1500] [--concurrency 8] [--runs 3]
+        [--url postgresql+asyncpg://postgres@127.0.0.1:5432/goclaw_bench]   # an EMPTY database
 """
 
 from __future__ import annotations
@@ -144,10 +145,11 @@ async def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed-messages", type=int, default=10_000)
+    ap.add_argument("--url", default=None, help="an empty database to use instead of a temporary SQLite file")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        db_url = f"sqlite+aiosqlite:///{tmp}/bench.db"
+        db_url = args.url or f"sqlite+aiosqlite:///{tmp}/bench.db"
         user_id = await seed(db_url, args.seed_messages)
         gw_port, echo_port = free_port(), free_port()
         cfg = Path(tmp) / "config.yaml"
@@ -194,6 +196,7 @@ async def main() -> None:
 
     print(
         f"\nmedian of {args.runs} runs, {args.requests} requests each, concurrency {args.concurrency}, "
+        f"{'PostgreSQL' if args.url else 'SQLite'}, "
         f"{args.seed_messages} seeded messages:\n"
         f"  gateway: {med('gateway', 0):.1f} turns/s, p50 {med('gateway', 1):.2f} ms, p99 {med('gateway', 2):.2f} ms\n"
         f"  echo:    {med('echo', 0):.1f} req/s,   p50 {med('echo', 1):.2f} ms, p99 {med('echo', 2):.2f} ms\n"

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.config import Config, find_config_path, load_config
 from gateway.db import make_engine, upgrade
@@ -79,19 +80,23 @@ def load(config: str | None) -> Config:
     return cfg
 
 
-def run_with_store(config: str | None, body: Callable[[PairingStore], Awaitable[T]]) -> T:
-    """Open the database (migrating it), run ``body`` with the pairing store, close."""
-    cfg = load(config)
+def with_engine(cfg: Config, body: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+    """Open the database of ``cfg`` (migrating it), run ``body`` with the engine, close it."""
 
     async def go() -> T:
         engine = make_engine(cfg.database.url)
         try:
             await upgrade(engine)
-            return await body(PairingStore(engine))
+            return await body(engine)
         finally:
             await engine.dispose()
 
     return run(go())
+
+
+def run_with_store(config: str | None, body: Callable[[PairingStore], Awaitable[T]]) -> T:
+    """Open the database (migrating it), run ``body`` with the pairing store, close."""
+    return with_engine(load(config), lambda engine: body(PairingStore(engine)))
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -143,16 +148,11 @@ def config_check(config: str | None = ConfigOpt) -> None:
 @cli_errors
 def db_upgrade(config: str | None = ConfigOpt) -> None:
     """Apply every pending migration."""
-    cfg = load(config)
 
-    async def go() -> None:
-        engine = make_engine(cfg.database.url)
-        try:
-            await upgrade(engine)
-        finally:
-            await engine.dispose()
+    async def nothing(_: AsyncEngine) -> None:
+        return None
 
-    run(go())
+    with_engine(load(config), nothing)
     out.print("database is up to date")
 
 
@@ -251,17 +251,7 @@ def pairing_reject(channel: str, code: str, config: str | None = ConfigOpt) -> N
 def _with_sessions(config: str | None, body: Callable[[Any], Awaitable[T]]) -> T:
     from gateway.sessions import SessionStore
 
-    cfg = load(config)
-
-    async def go() -> T:
-        engine = make_engine(cfg.database.url)
-        try:
-            await upgrade(engine)
-            return await body(SessionStore(engine))
-        finally:
-            await engine.dispose()
-
-    return run(go())
+    return with_engine(load(config), lambda engine: body(SessionStore(engine)))
 
 
 @archives_app.command("list")

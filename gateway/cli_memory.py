@@ -66,18 +66,9 @@ def _with_store(config: str | None, action: Callable[[MemoryStore], Awaitable[T]
 
 def _with_engine(cfg: Config, action: Callable[[Any], Awaitable[T]]) -> T:
     """Open the database of ``cfg`` (migrating it), run ``action`` with the engine, close."""
-    from gateway.cli import run
-    from gateway.db import make_engine, upgrade
+    from gateway.cli import with_engine
 
-    async def go() -> T:
-        engine = make_engine(cfg.database.url)
-        try:
-            await upgrade(engine)
-            return await action(engine)
-        finally:
-            await engine.dispose()
-
-    return run(go())
+    return with_engine(cfg, action)
 
 
 def _writer(cfg: Config, store: MemoryStore) -> Any:
