@@ -7,18 +7,17 @@ server), with its own retries off so that ``gateway.llm.retry`` decides.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from types import TracebackType
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import anthropic
 
 from gateway.llm.base import ChatMessage, Completion, JsonSchema, LLMUnavailable, Tool, ToolCall
-from gateway.llm.retry import describe_failure, is_retryable_status, with_retries
+from gateway.llm.retry import describe_failure, is_retryable_status
+from gateway.llm.sdk import SdkProvider
 
 log = logging.getLogger(__name__)
 
@@ -113,98 +112,29 @@ def tool_to_wire(tool: Tool) -> dict[str, Any]:
     return {"name": tool.name, "description": tool.description, "input_schema": dict(tool.parameters)}
 
 
-class AnthropicProvider:
-    """A Claude model behind the Messages API (``POST /v1/messages``)."""
+class AnthropicProvider(SdkProvider[anthropic.AsyncAnthropic]):
+    """A Claude model behind the Messages API (``POST /v1/messages``).
+
+    ``base_url`` is the API root without ``/v1``. ``temperature`` is accepted for a
+    uniform constructor and not sent: the installed SDK's ``messages.create`` no
+    longer takes it. ``max_tokens`` is required by the API.
+    """
 
     name = "anthropic"
 
-    def __init__(
-        self,
-        model: str,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        timeout: float = 60.0,
-        max_retries: int = 3,
-        temperature: float = 0.2,
-        max_tokens: int = 1024,
-        *,
-        retry_base_delay: float = 0.5,
-        retry_max_delay: float = 8.0,
-        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-    ) -> None:
-        """Hold settings only; ``start()`` opens the client.
+    sdk_errors = (anthropic.AnthropicError,)
 
-        Args:
-            model: Model name (``claude-sonnet-4-5``...).
-            base_url: API root without ``/v1``; None for api.anthropic.com.
-            api_key: The ``x-api-key``.
-            timeout: Seconds for one HTTP attempt.
-            max_retries: Retries after the first attempt (429, 5xx, timeouts, connection errors).
-            temperature: Kept for a uniform constructor, not sent: the installed SDK's
-                ``messages.create`` no longer takes ``temperature``.
-            max_tokens: Cap on the answer's length (the API requires one).
-            retry_base_delay: First backoff step in seconds.
-            retry_max_delay: Cap on one backoff step.
-            sleep: Waits between retries (tests pass a recorder).
-        """
-        self.model = model
-        self.base_url = base_url
-        self._api_key = api_key
-        self.timeout = timeout
-        self.max_retries = max_retries
-        self.temperature = temperature
-        self.max_tokens = max_tokens
-        self._retry_base_delay = retry_base_delay
-        self._retry_max_delay = retry_max_delay
-        self._sleep = sleep
-        self._client: anthropic.AsyncAnthropic | None = None
-
-    async def start(self) -> None:
-        """Create the HTTP client (no request is made)."""
-        if self._client is None:
-            self._client = anthropic.AsyncAnthropic(
-                api_key=self._api_key,
-                base_url=self.base_url,
-                timeout=self.timeout,
-                max_retries=0,  # gateway.llm.retry decides, the same way for every provider
-            )
-
-    async def stop(self) -> None:
-        """Close the HTTP client."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
-
-    async def __aenter__(self) -> AnthropicProvider:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
-
-    @property
-    def _label(self) -> str:
-        return f"{self.name} model {self.model!r}"
-
-    def _require_client(self) -> anthropic.AsyncAnthropic:
-        if self._client is None:
-            raise RuntimeError("AnthropicProvider used before start(): call `await provider.start()` first")
-        return self._client
-
-    async def _call(self, request: Callable[[], Awaitable[Any]]) -> Any:
-        return await with_retries(
-            request,
-            attempts=self.max_retries + 1,
-            base_delay=self._retry_base_delay,
-            max_delay=self._retry_max_delay,
-            sleep=self._sleep,
-            is_retryable=_is_retryable,
-            errors=(anthropic.AnthropicError,),
-            describe=describe_failure,
-            label=self._label,
+    def _make_client(self) -> anthropic.AsyncAnthropic:
+        return anthropic.AsyncAnthropic(
+            api_key=self._api_key,
+            base_url=self.base_url,
+            timeout=self.timeout,
+            max_retries=0,  # gateway.llm.retry decides, the same way for every provider
         )
+
+    @staticmethod
+    def _is_retryable(exc: BaseException) -> bool:
+        return _is_retryable(exc)
 
     def _request(
         self, messages: Sequence[ChatMessage], tools: Sequence[Tool], json_schema: JsonSchema | None

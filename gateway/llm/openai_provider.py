@@ -7,17 +7,16 @@ The one network chokepoint to such a server: the official ``openai`` SDK's
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from types import TracebackType
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import openai
 
 from gateway.llm.base import ChatMessage, Completion, JsonSchema, LLMUnavailable, Tool, ToolCall
-from gateway.llm.retry import describe_failure, is_retryable_status, with_retries
+from gateway.llm.retry import describe_failure, is_retryable_status
+from gateway.llm.sdk import SdkProvider
 
 log = logging.getLogger(__name__)
 
@@ -80,97 +79,24 @@ def parse_arguments(raw: str | None, tool_name: str) -> Mapping[str, Any]:
     return value
 
 
-class OpenAIProvider:
+class OpenAIProvider(SdkProvider[openai.AsyncOpenAI]):
     """A model behind any OpenAI-compatible ``/v1/chat/completions`` endpoint."""
 
     name = "openai"
 
-    def __init__(
-        self,
-        model: str,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        timeout: float = 60.0,
-        max_retries: int = 3,
-        temperature: float = 0.2,
-        max_tokens: int = 1024,
-        *,
-        retry_base_delay: float = 0.5,
-        retry_max_delay: float = 8.0,
-        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-    ) -> None:
-        """Hold settings only; ``start()`` opens the client.
+    sdk_errors = (openai.OpenAIError,)
 
-        Args:
-            model: Model name as the server knows it (``gpt-4o-mini``, ``llama3.1``).
-            base_url: Server URL ending in ``/v1``; None for api.openai.com.
-            api_key: Bearer key; None for a local server that needs none.
-            timeout: Seconds for one HTTP attempt.
-            max_retries: Retries after the first attempt (429, 5xx, timeouts, connection errors).
-            temperature: Sampling temperature.
-            max_tokens: Cap on the answer's length.
-            retry_base_delay: First backoff step in seconds.
-            retry_max_delay: Cap on one backoff step.
-            sleep: Waits between retries (tests pass a recorder).
-        """
-        self.model = model
-        self.base_url = base_url
-        self._api_key = api_key
-        self.timeout = timeout
-        self.max_retries = max_retries
-        self.temperature = temperature
-        self.max_tokens = max_tokens
-        self._retry_base_delay = retry_base_delay
-        self._retry_max_delay = retry_max_delay
-        self._sleep = sleep
-        self._client: openai.AsyncOpenAI | None = None
-
-    async def start(self) -> None:
-        """Create the HTTP client (no request is made)."""
-        if self._client is None:
-            self._client = openai.AsyncOpenAI(
-                api_key=self._api_key or NO_API_KEY,
-                base_url=self.base_url,
-                timeout=self.timeout,
-                max_retries=0,  # gateway.llm.retry decides, the same way for every provider
-            )
-
-    async def stop(self) -> None:
-        """Close the HTTP client."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
-
-    async def __aenter__(self) -> OpenAIProvider:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
-
-    @property
-    def _label(self) -> str:
-        return f"{self.name} model {self.model!r}"
-
-    def _require_client(self) -> openai.AsyncOpenAI:
-        if self._client is None:
-            raise RuntimeError("OpenAIProvider used before start(): call `await provider.start()` first")
-        return self._client
-
-    async def _call(self, request: Callable[[], Awaitable[Any]]) -> Any:
-        return await with_retries(
-            request,
-            attempts=self.max_retries + 1,
-            base_delay=self._retry_base_delay,
-            max_delay=self._retry_max_delay,
-            sleep=self._sleep,
-            is_retryable=_is_retryable,
-            errors=(openai.OpenAIError,),
-            describe=describe_failure,
-            label=self._label,
+    def _make_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            api_key=self._api_key or NO_API_KEY,
+            base_url=self.base_url,
+            timeout=self.timeout,
+            max_retries=0,  # gateway.llm.retry decides, the same way for every provider
         )
+
+    @staticmethod
+    def _is_retryable(exc: BaseException) -> bool:
+        return _is_retryable(exc)
 
     def _base_request(self, messages: Sequence[ChatMessage]) -> dict[str, Any]:
         # max_tokens (not max_completion_tokens): the name every compatible server knows.
