@@ -7,7 +7,8 @@ every write it causes goes through memory's one gate (``MemoryWriter``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ from memory import (
     summary_owner,
 )
 from memory.belief_revision import BeliefReviser
+from memory.render import IDENTITY_SCOPES_RENDERED, identity_lines
 from memory.revisions import authorize_undo, list_revisions, undo_revision, undo_revision_run
 from memory.store import MemoryStoreError
 from memory.tools import MEMORY_SEARCH_DESCRIPTION, MEMORY_WRITE_DESCRIPTION
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from gateway.app import Gateway
 
 log = logging.getLogger(__name__)
+IDENTITY_TTL_S = 30.0
 
 MEMORY_REVISIONS_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -111,10 +114,13 @@ class RevisingWriter(MemoryWriter):
     """
 
     reviser: BeliefReviser | None = None
+    on_identity_write: Callable[[], None] | None = None
 
     async def write(self, principal: Principal, scope: str, source: str, **kwargs: Any) -> WriteResult:
         """Write through the gate, then revise what was written."""
         result = await super().write(principal, scope, source, **kwargs)
+        if result.written and scope in IDENTITY_SCOPES_RENDERED and self.on_identity_write is not None:
+            self.on_identity_write()
         record = result.record if result.written else None
         if self.reviser is not None and record is not None and record.status == "live":
             await self.reviser.revise(record.id, cause="live")
@@ -144,11 +150,27 @@ class GatewayMemory:
         self.scheduler = scheduler
         self.token_budget = token_budget
         self.max_chars = max_chars
+        self._identity: tuple[float, str] | None = None
+
+    def forget_identity(self) -> None:
+        """Drop the cached identity lines (an admin changed them)."""
+        self._identity = None
+
+    async def identity(self) -> str:
+        """Live identity records, cached for IDENTITY_TTL_S: they change rarely and every prompt has them.
+
+        A write through this process clears the cache at once; another gateway
+        process sharing the database sees the change within the TTL.
+        """
+        now = time.monotonic()
+        if self._identity is None or now - self._identity[0] > IDENTITY_TTL_S:
+            self._identity = (now, "\n".join(await identity_lines(self.store)))
+        return self._identity[1]
 
     async def context(self, principal: Principal, conversation_text: str) -> MemoryContext:
         """The speaker's own personal memory (humans only) and current operational notes."""
         sections = await memory_sections(self.store, principal, conversation_text, token_budget=self.token_budget)
-        return MemoryContext(sections.operational, sections.personal, sections.used_ids)
+        return MemoryContext(sections.operational, sections.personal, sections.used_ids, await self.identity())
 
     def tools(self, principal: Principal, *, session_id: str, message_id: str, said_at: datetime) -> list[Tool]:
         """``memory_write``, ``memory_search``; for admins ``review_learned`` and ``notes_distill``.
@@ -290,4 +312,5 @@ def build_memory(gw: Gateway) -> tuple[GatewayMemory, dict[str, JobHandler]]:
         token_budget=cfg.prompt_token_budget,
         max_chars=cfg.max_content_chars,
     )
+    writer.on_identity_write = glue.forget_identity
     return glue, {"extract": glue.extract_job}

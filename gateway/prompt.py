@@ -103,6 +103,7 @@ def build_system_prompt(
     operational: str,
     personal: str,
     previous_context: str,
+    identity_notes: str = "",
     budgets: PromptBudgets = PromptBudgets(),
 ) -> str:
     """Assemble the system prompt. Pure: values in, text out.
@@ -110,8 +111,11 @@ def build_system_prompt(
     ``operational`` and ``personal`` arrive already selected and rendered by
     memory within ``budgets.memory``; they are cut again here only as a guard.
     """
+    identity = f"You are {agent_name}. " + persona.strip()
+    if identity_notes.strip():
+        identity += "\nSet by administrators (identity, not facts):\n" + identity_notes.strip()
     parts = [
-        f"{IDENTITY}\nYou are {agent_name}. " + fit(persona.strip(), budgets.identity),
+        f"{IDENTITY}\n" + fit(identity, budgets.identity),
         f"{POLICY}\n" + fit(MEMORY_ROUTING_POLICY, budgets.policy),
         f"{SPEAKER}\n{speaker_line(principal)}",
     ]

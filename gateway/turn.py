@@ -30,6 +30,7 @@ class MemoryContext:
     operational: str = ""
     personal: str = ""
     used_ids: tuple[str, ...] = ()
+    identity: str = ""  # live global / agent_config records set by admins
 
 
 class MemoryGlue(Protocol):
@@ -203,6 +204,7 @@ class TurnHandler:
             principal=req.principal,
             operational=mem.operational,
             personal=mem.personal,
+            identity_notes=mem.identity,
             previous_context=previous_context,
             budgets=self.budgets,
         )

@@ -140,6 +140,22 @@ def _line(record: MemoryRecordView) -> str:
     return f"- [{record.id}] {record.subject}: {content} ({_provenance(record)})"
 
 
+IDENTITY_SCOPES_RENDERED = ("agent_config", "global")
+
+
+async def identity_lines(store: MemoryStore, *, limit: int = 50) -> list[str]:
+    """The live identity records (``agent_config``, then ``global``), as prompt lines with provenance.
+
+    DESIGN: identity is "rendered into every prompt" and changed only by a human
+    admin; the gate lets nothing else write these scopes.
+    """
+    lines: list[str] = []
+    for scope in IDENTITY_SCOPES_RENDERED:
+        for record in reversed(await store.list_records(scope=scope, limit=limit)):
+            lines.append(_line(record))
+    return lines
+
+
 def _section(heading: str, lines: Sequence[str]) -> str:
     return heading + "\n" + "\n".join(lines) if lines else ""
 
