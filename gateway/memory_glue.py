@@ -16,7 +16,7 @@ from gateway.llm.base import Tool
 from gateway.models import Job
 from gateway.scheduler import Scheduler, consolidation_model, extraction_model, judge_model
 from gateway.sessions import SessionStore, principal_from_json, summarize
-from gateway.turn import MemoryContext
+from gateway.turn import MemoryContext, RunContext
 from gateway.worker import JobHandler, ParkableError
 from memory import (
     MEMORY_SEARCH_SCHEMA,
@@ -167,12 +167,22 @@ class GatewayMemory:
             self._identity = (now, "\n".join(await identity_lines(self.store)))
         return self._identity[1]
 
-    async def context(self, principal: Principal, conversation_text: str) -> MemoryContext:
+    async def context(
+        self, principal: Principal, conversation_text: str, *, run: RunContext | None = None
+    ) -> MemoryContext:
         """The speaker's own personal memory (humans only) and current operational notes."""
         sections = await memory_sections(self.store, principal, conversation_text, token_budget=self.token_budget)
         return MemoryContext(sections.operational, sections.personal, sections.used_ids, await self.identity())
 
-    def tools(self, principal: Principal, *, session_id: str, message_id: str, said_at: datetime) -> list[Tool]:
+    def tools(
+        self,
+        principal: Principal,
+        *,
+        session_id: str,
+        message_id: str,
+        said_at: datetime,
+        run: RunContext | None = None,
+    ) -> list[Tool]:
         """``memory_write``, ``memory_search``; for admins ``review_learned`` and ``notes_distill``.
 
         The gate inside each write decides what it may do; the admin tools also

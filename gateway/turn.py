@@ -33,13 +33,39 @@ class MemoryContext:
     identity: str = ""  # live global / agent_config records set by admins
 
 
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    """The standing procedure (SOP) an autonomous turn runs for; None for people's turns.
+
+    Set by gateway.automation on the TurnRequest; memory reads it to scope
+    operational notes to this SOP and to decide which tools the run's profile
+    grants (``report_intelligence`` for research SOPs only).
+    """
+
+    sop_name: str
+    run_id: str
+    trigger: str = "manual"  # cron | every | at | manual | webhook
+    research: bool = False
+    scope_tags: tuple[str, ...] = ()
+
+
 class MemoryGlue(Protocol):
     """What the turn needs from memory (implemented in gateway.memory_glue)."""
 
-    async def context(self, principal: Principal, conversation_text: str) -> MemoryContext:
+    async def context(
+        self, principal: Principal, conversation_text: str, *, run: RunContext | None = None
+    ) -> MemoryContext:
         """Memory sections for the prompt."""
 
-    def tools(self, principal: Principal, *, session_id: str, message_id: str, said_at: datetime) -> list[Tool]:
+    def tools(
+        self,
+        principal: Principal,
+        *,
+        session_id: str,
+        message_id: str,
+        said_at: datetime,
+        run: RunContext | None = None,
+    ) -> list[Tool]:
         """Memory tools offered in this turn."""
 
     async def directive(
@@ -54,11 +80,21 @@ class MemoryGlue(Protocol):
 class NoMemory:
     """Memory switched off: nothing rendered, nothing written (unit tests of the turn)."""
 
-    async def context(self, principal: Principal, conversation_text: str) -> MemoryContext:
+    async def context(
+        self, principal: Principal, conversation_text: str, *, run: RunContext | None = None
+    ) -> MemoryContext:
         """Nothing."""
         return MemoryContext()
 
-    def tools(self, principal: Principal, *, session_id: str, message_id: str, said_at: datetime) -> list[Tool]:
+    def tools(
+        self,
+        principal: Principal,
+        *,
+        session_id: str,
+        message_id: str,
+        said_at: datetime,
+        run: RunContext | None = None,
+    ) -> list[Tool]:
         """No tools."""
         return []
 
@@ -84,6 +120,7 @@ class TurnRequest:
     said_at: datetime
     display_name: str = ""
     reply: bool = True  # False: store only (a group message that did not mention the agent)
+    run: RunContext | None = None  # the SOP an autonomous run is for
 
 
 @dataclass(slots=True)
@@ -197,7 +234,7 @@ class TurnHandler:
             return TurnResult(session_id, directive_reply)
 
         conversation_text = " ".join(m.text for m in history[-6:])
-        mem = await self.memory.context(req.principal, conversation_text)
+        mem = await self.memory.context(req.principal, conversation_text, run=req.run)
         system = build_system_prompt(
             persona=self.config.agent.persona,
             agent_name=self.config.agent.name,
@@ -209,7 +246,9 @@ class TurnHandler:
             budgets=self.budgets,
         )
         messages = [ChatMessage("system", system), *self._history_messages(history, stored)]
-        tools = self.memory.tools(req.principal, session_id=session_id, message_id=req.message_id, said_at=req.said_at)
+        tools = self.memory.tools(
+            req.principal, session_id=session_id, message_id=req.message_id, said_at=req.said_at, run=req.run
+        )
         try:
             reply = await self._call_model(messages, tools, req.principal)
         except LLMUnavailable as exc:
