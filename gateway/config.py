@@ -106,6 +106,16 @@ class ServerConfig(_Model):
     dashboard_token: SecretStr | None = None
     api_users: list[ApiUser] = Field(default_factory=list)
     max_message_chars: int = Field(default=8000, ge=1)
+    # Bearer token for /metrics on a non-loopback host (open on loopback).
+    metrics_token: SecretStr | None = None
+
+    @field_validator("dashboard_token", "metrics_token")
+    @classmethod
+    def _secret_long_enough(cls, v: SecretStr | None) -> SecretStr | None:
+        # A short shared secret is guessable; the same rule as API tokens.
+        if v is not None and len(v.get_secret_value()) < 16:
+            raise ValueError("this token must be at least 16 characters")
+        return v
 
 
 class SessionConfig(_Model):

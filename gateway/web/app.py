@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
-import json
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -21,21 +19,15 @@ from gateway.errors import DatabaseUnavailable
 from gateway.metrics import Metrics
 from gateway.sessions import SessionKey, SessionStore
 from gateway.turn import TurnHandler, TurnRequest
+from gateway.web.api_error import ApiError
+from gateway.web.tokens import metrics_refusal, tokens_match
+from gateway.web.validation import check_session_name, parse_chat, parse_frame, validate_chat
 from pairing.principal import Principal, Role, is_human_admin
 from pairing.store import PairingError, PairingStore
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
 DASHBOARD_USER = "admin"  # policy: "The dashboard stores its messages with the user ID admin"
-
-
-class ApiError(Exception):
-    """An error answered as JSON with a status."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass
@@ -74,11 +66,11 @@ async def authenticate(ctx: WebContext, token: str | None) -> tuple[Principal, s
     """
     cfg = ctx.config
     dash = cfg.server.dashboard_token
-    if token and dash is not None and hmac.compare_digest(token, dash.get_secret_value()):
+    if token and dash is not None and tokens_match(token, dash):
         return Principal.human(DASHBOARD_USER, Role.ADMIN, "Dashboard"), "web"
     if token:
         for api_user in cfg.server.api_users:
-            if hmac.compare_digest(token, api_user.token.get_secret_value()):
+            if tokens_match(token, api_user.token):
                 try:
                     return await ctx.pairing.principal_for_user(api_user.user), "api"
                 except PairingError:
@@ -100,27 +92,6 @@ def _conversation(principal: Principal, channel: str, session: str) -> SessionKe
     # read, another's session by guessing its name.
     owner = principal.user_id or "anonymous"
     return SessionKey(channel, f"{owner}/{session}")
-
-
-def _validate_chat(body: Any, max_chars: int) -> tuple[str, str, str | None]:
-    if not isinstance(body, dict):
-        raise ApiError(400, 'the body must be a JSON object: {"session": "...", "text": "..."}')
-    session, text, message_id = body.get("session"), body.get("text"), body.get("message_id")
-    if session is None:
-        raise ApiError(400, "field 'session' is missing")
-    if not isinstance(session, str) or not session.strip() or len(session) > 200:
-        raise ApiError(400, "field 'session' must be a non-empty string of at most 200 characters")
-    if text is None:
-        raise ApiError(400, "field 'text' is missing")
-    if not isinstance(text, str):
-        raise ApiError(400, "field 'text' must be a string")
-    if not text.strip():
-        raise ApiError(400, "field 'text' is empty")
-    if len(text) > max_chars:
-        raise ApiError(413, f"field 'text' is longer than server.max_message_chars ({max_chars} characters)")
-    if message_id is not None and (not isinstance(message_id, str) or not message_id or len(message_id) > 200):
-        raise ApiError(400, "field 'message_id' must be a non-empty string of at most 200 characters")
-    return session.strip(), text, message_id
 
 
 @web.middleware
@@ -167,6 +138,13 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus text format."""
     ctx = request.app[CTX]
+    refusal = metrics_refusal(
+        loopback_host=_is_loopback(ctx.config.server.host),
+        metrics_token=ctx.config.server.metrics_token,
+        given=_bearer(request),
+    )
+    if refusal is not None:
+        raise ApiError(401, refusal)
     ctx.metrics.queue_depth.set(await ctx.sessions.pending_jobs())
     return web.Response(body=ctx.metrics.render(), content_type="text/plain", charset="utf-8")
 
@@ -180,11 +158,7 @@ async def chat(request: web.Request) -> web.Response:
         raise ApiError(
             413, f"the request is larger than server.max_message_chars ({ctx.config.server.max_message_chars})"
         )
-    try:
-        body = json.loads(raw or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ApiError(400, "the body is not valid JSON") from None
-    session, text, message_id = _validate_chat(body, ctx.config.server.max_message_chars)
+    session, text, message_id = parse_chat(raw, ctx.config.server.max_message_chars)
     result = await ctx.turns.handle(
         TurnRequest(
             key=_conversation(principal, channel, session),
@@ -208,7 +182,7 @@ async def session_messages(request: web.Request) -> web.Response:
     """GET /v1/sessions/{id}/messages: a participant's (or an admin's) view of a session."""
     ctx = request.app[CTX]
     principal, channel = await authenticate(ctx, _bearer(request))
-    name = request.match_info["id"]
+    name = check_session_name(request.match_info["id"], field="id")
     session_id = await ctx.sessions.find_session(_conversation(principal, channel, name))
     if session_id is None and (is_human_admin(principal) or principal.user_id):
         # An internal session id: admins may read any; others only where they spoke.
@@ -238,12 +212,12 @@ async def websocket(request: web.Request) -> web.StreamResponse:
     await ws.prepare(request)
     remote_local = _is_loopback(request.remote or "")
     async for frame in ws:
-        if frame.type != WSMsgType.TEXT:
+        if frame.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
             continue
         try:
-            body = json.loads(frame.data)
-        except json.JSONDecodeError:
-            await ws.send_json({"type": "error", "error": "frames must be JSON"})
+            body = parse_frame(frame.data)
+        except ApiError as exc:
+            await ws.send_json({"type": "error", "error": exc.message, "status": exc.status})
             continue
         if principal is None:
             try:
@@ -259,7 +233,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
             await ws.send_json({"type": "ready", "user": principal.user_id, "role": principal.stored_role})
             continue
         try:
-            session, text, message_id = _validate_chat(body, ctx.config.server.max_message_chars)
+            session, text, message_id = validate_chat(body, ctx.config.server.max_message_chars, what="the frame")
         except ApiError as exc:
             await ws.send_json({"type": "error", "error": exc.message, "status": exc.status})
             continue
@@ -281,6 +255,8 @@ async def websocket(request: web.Request) -> web.StreamResponse:
             )
         except Exception:
             log.exception("websocket turn failed")
+            if ws.closed:
+                break
             await ws.send_json({"type": "error", "error": "internal error; it has been logged", "status": 500})
             continue
         await ws.send_json({"type": "reply", "session": session, "reply": result.reply, "failed": result.failed})
