@@ -135,6 +135,11 @@ async def test_hostile_chat_body_is_400_naming_the_problem_and_stores_nothing(
     await assert_nothing_stored(web)
 
 
+async def test_brackets_inside_strings_do_not_count_as_nesting(web: Web) -> None:
+    status, answer = await post_raw(web, body_with(text="[{" * 1000 + '"\\'))
+    assert status == 200 and answer["reply"]
+
+
 async def test_nul_in_session_path_is_400_not_a_database_error(web: Web) -> None:
     r = await web.http.get(f"{web.base}/v1/sessions/a%00b/messages", headers=web.auth())
     assert r.status == 400
