@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway.llm.base import ChatMessage, Tool  # noqa: E402
-from gateway.llm.openai_provider import OpenAIProvider, message_to_wire, tool_to_wire  # noqa: E402
+from gateway.llm.base import ChatMessage, Tool
+from gateway.llm.openai_provider import OpenAIProvider, message_to_wire, tool_to_wire
 
 SERVER = textwrap.dedent(
     """
