@@ -262,6 +262,7 @@ class Page:
 
     rows: list[Any]
     next_after: str | None
+    scanned_only: int = 0  # a search page cut short by its scan window (the next page goes on)
 
 
 def keyset_page(rows: Sequence[Any], limit: int, key: Callable[[Any], Sequence[Any]]) -> Page:

@@ -15,7 +15,7 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.models import Job, Message, TurnRecord
-from gateway.web.dashboard.base import PAGE_SIZE, DashError, Page, decode_cursor, keyset_page
+from gateway.web.dashboard.base import PAGE_SIZE, DashError, Page, decode_cursor, encode_cursor, keyset_page
 from memory.models import SCOPES, STATUSES, MemoryRecord, MemoryRevision
 from memory.store import MemoryRecordView, RevisionView, _rev_view, _view
 from memory.words import terms
@@ -24,6 +24,7 @@ from pairing.models import Identity, PairingAudit, User
 R = MemoryRecord.__table__.c
 MAX_SEARCH_WORDS = 8
 TIMELINE_LIMIT = 300
+SEARCH_WINDOW = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,33 +50,53 @@ class MemoryFilter:
 async def memory_page(
     engine: AsyncEngine, f: MemoryFilter, *, after: str | None, now: datetime, limit: int = PAGE_SIZE
 ) -> Page:
-    """Records newest said first, filtered, one keyset page (``said_at``, ``id`` descending)."""
-    q = select(MemoryRecord.__table__)
+    """Records newest said first, filtered, one keyset page (``said_at``, ``id`` descending).
+
+    A word search is a substring match no index serves, so one page looks at
+    most ``SEARCH_WINDOW`` records (newest first, from the cursor on): a rare
+    word costs the same bounded scan as a common one, and "next page" goes on
+    where the window stopped (``Page.scanned_only`` says a page is short for that).
+    """
+    conds: list[Any] = []
     if f.scope:
-        q = q.where(R.scope == f.scope)
+        conds.append(R.scope == f.scope)
     if f.owner:
-        q = q.where(R.owner_user_id == f.owner)
+        conds.append(R.owner_user_id == f.owner)
     if f.status == "expired":
         # Expired is a live note past its review-by date (nothing is rewritten when it passes).
-        q = q.where(R.status == "live", R.review_by.is_not(None), R.review_by <= now)
+        conds += [R.status == "live", R.review_by.is_not(None), R.review_by <= now]
     elif f.status == "live":
-        q = q.where(R.status == "live", or_(R.review_by.is_(None), R.review_by > now))
+        conds += [R.status == "live", or_(R.review_by.is_(None), R.review_by > now)]
     elif f.status:
-        q = q.where(R.status == f.status)
-    words = list(dict.fromkeys(terms(f.q)))[:MAX_SEARCH_WORDS]
-    if f.q.strip() and not words:
-        words = [f.q.strip().lower()]
-    haystack = func.lower(R.subject_key + " " + R.content)
-    for w in words:  # every word must appear: a search narrows
-        q = q.where(haystack.contains(w, autoescape=True))
+        conds.append(R.status == f.status)
     cursor = decode_cursor(after, (datetime, str))
     if cursor is not None:
         at, rid = cursor
-        q = q.where(or_(R.said_at < at, and_(R.said_at == at, R.id < rid)))
-    q = q.order_by(R.said_at.desc(), R.id.desc()).limit(limit + 1)
+        # "said_at <= at" first: an index range the planner uses; the OR only breaks ties.
+        conds += [R.said_at <= at, or_(R.said_at < at, R.id < rid)]
+    order = (R.said_at.desc(), R.id.desc())
+    words = list(dict.fromkeys(terms(f.q)))[:MAX_SEARCH_WORDS]
+    if f.q.strip() and not words:
+        words = [f.q.strip().lower()]
+    q = select(MemoryRecord.__table__).where(*conds).order_by(*order)
     async with engine.connect() as conn:
-        rows = [_view(r) for r in await conn.execute(q)]
-    return keyset_page(rows, limit, lambda r: (r.said_at, r.id))
+        if not words:
+            rows = [_view(r) for r in await conn.execute(q.limit(limit + 1))]
+            return keyset_page(rows, limit, lambda r: (r.said_at, r.id))
+        # The window's far edge, on the (said_at, id) index: the scan below stops there.
+        edge = (
+            await conn.execute(
+                select(R.said_at, R.id).where(*conds).order_by(*order).offset(SEARCH_WINDOW - 1).limit(1)
+            )
+        ).first()
+        haystack = func.lower(R.subject_key + " " + R.content)
+        q = q.where(*(haystack.contains(x, autoescape=True) for x in words))  # every word must appear
+        if edge is not None:
+            q = q.where(R.said_at >= edge.said_at, or_(R.said_at > edge.said_at, R.id >= edge.id))
+        rows = [_view(r) for r in await conn.execute(q.limit(limit + 1))]
+    if len(rows) > limit or edge is None:
+        return keyset_page(rows, limit, lambda r: (r.said_at, r.id))
+    return Page(rows, encode_cursor((edge.said_at, edge.id)), scanned_only=SEARCH_WINDOW)
 
 
 async def get_record(engine: AsyncEngine, record_id: str) -> MemoryRecordView | None:
@@ -173,7 +194,7 @@ async def people_page(engine: AsyncEngine, *, after: str | None, limit: int = PA
     q = select(User.__table__)
     cursor = decode_cursor(after, (datetime, str))
     if cursor is not None:
-        q = q.where(or_(u.created_at > cursor[0], and_(u.created_at == cursor[0], u.id > cursor[1])))
+        q = q.where(u.created_at >= cursor[0], or_(u.created_at > cursor[0], u.id > cursor[1]))
     q = q.order_by(u.created_at, u.id).limit(limit + 1)
     async with engine.connect() as conn:
         users = list(await conn.execute(q))
