@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -377,7 +377,7 @@ class SessionStore:
             if explanation is not None:
                 record_id = (
                     await conn.execute(
-                        TurnRecord.__table__.insert()
+                        insert(TurnRecord)
                         .values(
                             session_id=session_id,
                             message_id=answers or "",
@@ -389,7 +389,7 @@ class SessionStore:
                             sections=explanation.sections,
                             model_calls=explanation.model_calls,
                         )
-                        .returning(TurnRecord.__table__.c.id)
+                        .returning(TurnRecord.id)
                     )
                 ).scalar_one()
         return StoredMessage(

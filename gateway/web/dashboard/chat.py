@@ -54,6 +54,7 @@ async def command(request: web.Request) -> web.StreamResponse:
     if parsed is None:
         return web.json_response({"command": False})
     who = operator()
+    reply: str | None
     if parsed.name == "whoami" and await gw.pairing.find_user(DASHBOARD_USER) is None:
         # The operator is the dashboard token's admin, not a paired person with a users row.
         await gw.pairing.audit(VIA, DASHBOARD_USER, "whoami", "ok", "")
