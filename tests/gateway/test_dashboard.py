@@ -205,3 +205,21 @@ async def test_every_page_renders_and_unknown_ids_are_404(dash: Dash) -> None:
         assert status == 404, path
     status, page = await dash.get("/dashboard/turns/abc")
     assert status == 400 and "not a number" in page
+
+
+async def test_a_notes_directive_turn_is_explained_as_answered_by_code(dash: Dash) -> None:
+    result = await dash.gw.turns.handle(
+        TurnRequest(
+            key=SessionKey("web", "admin/dashboard"),
+            principal=OPERATOR,
+            text="@notes: The deploy window is Tuesday afternoon",
+            message_id="m-notes",
+            said_at=T0,
+        )
+    )
+    assert result.turn_record_id is not None
+    turn = await queries.get_turn(dash.gw.engine, result.turn_record_id)
+    assert turn is not None
+    assert (turn.memory, turn.sections, turn.model_calls["steps"]) == ([], {}, 0)
+    status, page = await dash.get(f"/dashboard/turns/{turn.id}")
+    assert status == 200 and "No memory records went into this prompt" in page
