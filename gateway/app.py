@@ -21,6 +21,7 @@ from gateway.metrics import Metrics
 from gateway.sessions import SessionKey, SessionStore
 from gateway.turn import TurnHandler, TurnRequest, TurnResult
 from gateway.web.app import WebContext, build_web_app
+from gateway.web.dashboard import mount_dashboard
 from gateway.worker import JobWorker
 from pairing.principal import Principal
 from pairing.store import PairingStore
@@ -106,6 +107,7 @@ class Gateway:
                 channel_status=lambda: dict(self.channel_state),
             )
         )
+        mount_dashboard(self.web, self)
         self._build_channels()
         if worker:
             await self.worker.start()

@@ -108,6 +108,18 @@ class ServerConfig(_Model):
     max_message_chars: int = Field(default=8000, ge=1)
     # Bearer token for /metrics on a non-loopback host (open on loopback).
     metrics_token: SecretStr | None = None
+    # Browser origins besides the server's own that may POST or open the WebSocket (a reverse proxy's URL).
+    allowed_origins: list[str] = Field(default_factory=list)
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        for origin in v:
+            if not re.fullmatch(r"https?://[^\s/]+", origin.strip().rstrip("/")):
+                raise ValueError(
+                    f"{origin!r} is not an origin: write scheme://host[:port], e.g. https://bot.example.com"
+                )
+        return v
 
     @field_validator("dashboard_token", "metrics_token")
     @classmethod

@@ -172,7 +172,9 @@ class GatewayMemory:
     ) -> MemoryContext:
         """The speaker's own personal memory (humans only) and current operational notes."""
         sections = await memory_sections(self.store, principal, conversation_text, token_budget=self.token_budget)
-        return MemoryContext(sections.operational, sections.personal, sections.used_ids, await self.identity())
+        return MemoryContext(
+            sections.operational, sections.personal, sections.used_ids, await self.identity(), why=sections.why
+        )
 
     def tools(
         self,

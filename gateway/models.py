@@ -87,3 +87,25 @@ class Job(GatewayBase):
     raw_answer: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class TurnRecord(GatewayBase):
+    """What one answered turn's prompt held, written with the reply (the dashboard's "explain a turn").
+
+    Stored at turn time, in the reply's transaction, so the explanation is what
+    the model was given, not a recomputation from memory as it stands later.
+    """
+
+    __tablename__ = "turn_records"
+    __table_args__ = (Index("ix_turn_records_session", "session_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    message_id: Mapped[str] = mapped_column(String(300))
+    reply_message_id: Mapped[str] = mapped_column(String(300), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+    speaker_user_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    stored_role: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    memory: Mapped[list[Any]] = mapped_column(JSON)  # [{"id", "why"}] in prompt order
+    sections: Mapped[dict[str, Any]] = mapped_column(JSON)  # prompt section -> tokens
+    model_calls: Mapped[dict[str, Any]] = mapped_column(JSON)  # provider, model, steps, tools, tokens

@@ -6,15 +6,18 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from gateway.models import Archive, Job, Message, Session
+from gateway.models import Archive, Job, Message, Session, TurnRecord
 from memory.types import SliceMessage
 from pairing.principal import Principal, PrincipalKind, Role
+
+if TYPE_CHECKING:
+    from gateway.explain import TurnExplanation
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,7 @@ class StoredMessage:
     text: str
     said_at: datetime
     is_agent: bool
+    turn_record_id: int | None = None  # set on a reply stored with its turn's explanation
 
     def as_slice(self) -> SliceMessage:
         """The view memory reads."""
@@ -335,11 +339,16 @@ class SessionStore:
         text: str,
         said_at: datetime,
         is_agent: bool = False,
+        explanation: TurnExplanation | None = None,
+        answers: str | None = None,
+        answered: Principal | None = None,
     ) -> StoredMessage | None:
         """Store a message once; None when this platform message id was already stored.
 
         The speaker's user id and stored role come from the principal the
-        gateway resolved, never from the text.
+        gateway resolved, never from the text. A reply may bring its turn's
+        ``explanation`` (of the message ``answers``, spoken by ``answered``):
+        it is inserted in the same transaction, one row, for the dashboard.
         """
         user_id = speaker.user_id if speaker is not None and not is_agent else None
         role = speaker.stored_role if speaker is not None and not is_agent else None
@@ -364,8 +373,27 @@ class SessionStore:
             new_id = (await conn.execute(stmt)).scalar_one_or_none()
             if new_id is None:
                 return None
+            record_id = None
+            if explanation is not None:
+                record_id = (
+                    await conn.execute(
+                        insert(TurnRecord)
+                        .values(
+                            session_id=session_id,
+                            message_id=answers or "",
+                            reply_message_id=platform_message_id,
+                            at=said_at,
+                            speaker_user_id=answered.user_id if answered else None,
+                            stored_role=answered.stored_role if answered else None,
+                            memory=explanation.memory,
+                            sections=explanation.sections,
+                            model_calls=explanation.model_calls,
+                        )
+                        .returning(TurnRecord.id)
+                    )
+                ).scalar_one()
         return StoredMessage(
-            new_id, session_id, platform_message_id, user_id, role, display_name, text, said_at, is_agent
+            new_id, session_id, platform_message_id, user_id, role, display_name, text, said_at, is_agent, record_id
         )
 
     async def history(self, session_id: str, *, limit: int | None = None) -> list[StoredMessage]:

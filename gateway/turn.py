@@ -8,15 +8,19 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.config import Config
+from gateway.explain import TurnExplanation, directive_explanation, explain_turn
 from gateway.llm.base import ChatMessage, LLMProvider, LLMUnavailable, Tool
 from gateway.metrics import Metrics
 from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, safe_name
 from gateway.sessions import SessionKey, SessionStore, StoredMessage, TrimResult
 from memory.types import SliceMessage
 from pairing.principal import Principal
+
+if TYPE_CHECKING:
+    from gateway.llm.loop import ToolLoopResult
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +35,7 @@ class MemoryContext:
     personal: str = ""
     used_ids: tuple[str, ...] = ()
     identity: str = ""  # live global / agent_config records set by admins
+    why: tuple[str, ...] = ()  # why each of used_ids was chosen (kept in the turn record)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +138,7 @@ class TurnResult:
     failed: bool = False
     trimmed: TrimResult | None = None
     used_memory: tuple[str, ...] = field(default=())
+    turn_record_id: int | None = None  # the stored explanation of this turn (dashboard: explain a turn)
 
 
 ChunkSink = Callable[[str], Awaitable[None]]
@@ -228,10 +234,12 @@ class TurnHandler:
             req.principal, req.text, session_id=session_id, message_id=req.message_id, said_at=req.said_at
         )
         if directive_reply is not None:
-            await self._store_reply(session_id, req, directive_reply)
+            record_id = await self._store_reply(
+                session_id, req, directive_reply, directive_explanation(self.provider.name)
+            )
             if on_chunk:
                 await on_chunk(directive_reply)
-            return TurnResult(session_id, directive_reply)
+            return TurnResult(session_id, directive_reply, turn_record_id=record_id)
 
         conversation_text = " ".join(m.text for m in history[-6:])
         mem = await self.memory.context(req.principal, conversation_text, run=req.run)
@@ -250,20 +258,33 @@ class TurnHandler:
             req.principal, session_id=session_id, message_id=req.message_id, said_at=req.said_at, run=req.run
         )
         try:
-            reply = await self._call_model(messages, tools, req.principal)
+            reply, loop = await self._call_model(messages, tools, req.principal)
         except LLMUnavailable as exc:
             self.metrics.llm_errors.labels(self.provider.name).inc()
             log.error("session %s: model unavailable: %s", session_id, exc)
             if on_chunk:
                 await on_chunk(UNAVAILABLE_REPLY)
             return TurnResult(session_id, UNAVAILABLE_REPLY, failed=True)
-        await self._store_reply(session_id, req, reply)
+        explanation = explain_turn(
+            messages=messages,
+            used_ids=mem.used_ids,
+            why=mem.why,
+            provider=self.provider.name,
+            model=loop.model or getattr(self.provider, "model", ""),
+            steps=loop.steps,
+            tools=[name for name, _args, _result in loop.tool_calls_made],
+            input_tokens=loop.input_tokens,
+            output_tokens=loop.output_tokens,
+        )
+        record_id = await self._store_reply(session_id, req, reply, explanation)
         if on_chunk:
             for chunk in _chunks(reply):
                 await on_chunk(chunk)
-        return TurnResult(session_id, reply, used_memory=mem.used_ids)
+        return TurnResult(session_id, reply, used_memory=mem.used_ids, turn_record_id=record_id)
 
-    async def _call_model(self, messages: list[ChatMessage], tools: list[Tool], principal: Principal) -> str:
+    async def _call_model(
+        self, messages: list[ChatMessage], tools: list[Tool], principal: Principal
+    ) -> tuple[str, ToolLoopResult]:
         from gateway.llm.loop import run_tool_loop
 
         self.metrics.llm_calls.labels(self.provider.name).inc()
@@ -271,7 +292,7 @@ class TurnHandler:
             self.provider, messages, tools, principal, max_steps=self.config.llm.max_tool_steps
         )
         text = result.text.strip()
-        return text or "(the model gave no answer)"
+        return text or "(the model gave no answer)", result
 
     def _history_messages(self, history: list[StoredMessage], current: StoredMessage) -> list[ChatMessage]:
         """Newest history that fits the budget; people's lines carry their stored identity."""
@@ -294,8 +315,11 @@ class TurnHandler:
             out.append(ChatMessage("user", current.text))
         return out
 
-    async def _store_reply(self, session_id: str, req: TurnRequest, text: str) -> None:
-        await self.sessions.store_message(
+    async def _store_reply(
+        self, session_id: str, req: TurnRequest, text: str, explanation: TurnExplanation | None = None
+    ) -> int | None:
+        """Store the reply, with the turn's explanation in the same transaction; the explanation's id."""
+        stored = await self.sessions.store_message(
             session_id,
             platform_message_id=f"{req.message_id}:reply",
             speaker=None,
@@ -303,7 +327,11 @@ class TurnHandler:
             text=text,
             said_at=self._clock(),
             is_agent=True,
+            explanation=explanation,
+            answers=req.message_id,
+            answered=req.principal,
         )
+        return stored.turn_record_id if stored is not None else None
 
     async def _trim(self, session_id: str, principal: Principal) -> TrimResult | None:
         result = await self.sessions.trim(

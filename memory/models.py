@@ -34,6 +34,9 @@ class MemoryRecord(MemoryBase):
         Index("ix_memory_records_scope_owner_status", "scope", "owner_user_id", "status", "said_at"),
         # The subject rule: the live record(s) on one subject.
         Index("ix_memory_records_scope_subject_status", "scope", "subject_key", "status"),
+        # The dashboard's keyset pages: newest said first, across scopes or within one status.
+        Index("ix_memory_records_said_at", "said_at", "id"),
+        Index("ix_memory_records_status_said_at", "status", "said_at", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)

@@ -67,6 +67,8 @@ class MemorySections:
     used_ids: tuple[str, ...]
     tokens: int
     budget: int
+    why: tuple[str, ...] = ()
+    """Why each of ``used_ids`` was chosen, in the same order (shown by the dashboard's explain page)."""
 
     @property
     def text(self) -> str:
@@ -238,4 +240,23 @@ async def memory_sections(
     personal_text = _section(PERSONAL_HEADING, pe_lines)
     tokens = estimate_tokens(_join(operational, personal_text))
     assert tokens <= token_budget, (tokens, token_budget)
-    return MemorySections(operational, personal_text, tuple(used_op + used_pe), tokens, token_budget)
+    used = tuple(used_op + used_pe)
+    by_id = {r.id: r for r in (*notes, *personal)}
+    matched_ids = {r.id for r in matched}
+    why = tuple(_why(by_id[i], qset, i in matched_ids) for i in used)
+    return MemorySections(operational, personal_text, used, tokens, token_budget, why)
+
+
+def _why(record: MemoryRecordView, query: set[str], matched: bool) -> str:
+    """Why one record went into the prompt, in words an operator reads (pure)."""
+    shared = [t for t in dict.fromkeys(_record_terms(record.id, record.subject, record.content)) if t in query]
+    words = ", ".join(shared[:8])
+    if record.scope == "personal":
+        return (
+            f"the speaker's own memory; shares words with the conversation: {words}"
+            if shared
+            else "the speaker's own memory; newest first (nothing in it matched the conversation)"
+        )
+    if matched:
+        return f"operational note sharing words with the conversation: {words}"
+    return "one of the newest current operational notes (fills the budget left after the matches)"

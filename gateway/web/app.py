@@ -20,6 +20,7 @@ from gateway.metrics import Metrics
 from gateway.sessions import SessionKey, SessionStore
 from gateway.turn import TurnHandler, TurnRequest
 from gateway.web.api_error import ApiError
+from gateway.web.auth import SESSIONS, OperatorSessions, operator_nonce, origin_middleware
 from gateway.web.tokens import metrics_refusal, tokens_match
 from gateway.web.validation import check_session_name, parse_chat, parse_frame, validate_chat
 from pairing.principal import Principal, Role, is_human_admin
@@ -53,9 +54,9 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def dashboard_open(cfg: Config) -> bool:
-    """No dashboard token and bound to loopback: the local web chat needs no login."""
-    return cfg.server.dashboard_token is None and _is_loopback(cfg.server.host)
+def operator_principal() -> Principal:
+    """The operator: the admin user the dashboard token stands for."""
+    return Principal.human(DASHBOARD_USER, Role.ADMIN, "Dashboard")
 
 
 async def authenticate(ctx: WebContext, token: str | None) -> tuple[Principal, str]:
@@ -67,7 +68,7 @@ async def authenticate(ctx: WebContext, token: str | None) -> tuple[Principal, s
     cfg = ctx.config
     dash = cfg.server.dashboard_token
     if token and dash is not None and tokens_match(token, dash):
-        return Principal.human(DASHBOARD_USER, Role.ADMIN, "Dashboard"), "web"
+        return operator_principal(), "web"
     if token:
         for api_user in cfg.server.api_users:
             if tokens_match(token, api_user.token):
@@ -75,8 +76,6 @@ async def authenticate(ctx: WebContext, token: str | None) -> tuple[Principal, s
                     return await ctx.pairing.principal_for_user(api_user.user), "api"
                 except PairingError:
                     raise ApiError(403, f"this token's user {api_user.user} is not a known user") from None
-    if not token and dashboard_open(cfg):
-        raise ApiError(401, "missing token")
     raise ApiError(401, "missing or wrong token: send 'Authorization: Bearer TOKEN'")
 
 
@@ -203,14 +202,19 @@ async def websocket(request: web.Request) -> web.StreamResponse:
     token = request.query.get("token")
     principal: Principal | None = None
     channel = "api"
-    if token:
+    # The operator's browser is admin by its session cookie only (issue 9: never by a frame's say-so).
+    by_cookie = operator_nonce(request) is not None
+    if by_cookie:
+        principal, channel = operator_principal(), "web"
+    elif token:
         try:
             principal, channel = await authenticate(ctx, token)
         except ApiError as exc:
             return web.json_response({"error": exc.message}, status=exc.status)
     ws = web.WebSocketResponse(heartbeat=30, max_msg_size=ctx.config.server.max_message_chars * 4 + 4096)
     await ws.prepare(request)
-    remote_local = _is_loopback(request.remote or "")
+    if by_cookie and principal is not None:
+        await ws.send_json({"type": "ready", "user": principal.user_id, "role": principal.stored_role})
     async for frame in ws:
         if frame.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
             continue
@@ -221,11 +225,8 @@ async def websocket(request: web.Request) -> web.StreamResponse:
             continue
         if principal is None:
             try:
-                if isinstance(body, dict) and body.get("dashboard") and dashboard_open(ctx.config) and remote_local:
-                    principal, channel = Principal.human(DASHBOARD_USER, Role.ADMIN, "Dashboard"), "web"
-                else:
-                    tok = body.get("token") if isinstance(body, dict) else None
-                    principal, channel = await authenticate(ctx, tok if isinstance(tok, str) else None)
+                tok = body.get("token") if isinstance(body, dict) else None
+                principal, channel = await authenticate(ctx, tok if isinstance(tok, str) else None)
             except ApiError as exc:
                 await ws.send_json({"type": "error", "error": exc.message, "status": exc.status})
                 await ws.close()
@@ -259,40 +260,32 @@ async def websocket(request: web.Request) -> web.StreamResponse:
                 break
             await ws.send_json({"type": "error", "error": "internal error; it has been logged", "status": 500})
             continue
-        await ws.send_json({"type": "reply", "session": session, "reply": result.reply, "failed": result.failed})
-    return ws
-
-
-async def index(request: web.Request) -> web.StreamResponse:
-    """The web chat page."""
-    return web.FileResponse(STATIC / "index.html")
-
-
-async def dashboard_info(request: web.Request) -> web.Response:
-    """Whether the web chat needs a token (for the page's login form)."""
-    ctx = request.app[CTX]
-    return web.json_response(
-        {
-            "agent": ctx.config.agent.name,
-            "needs_token": not (dashboard_open(ctx.config) and _is_loopback(request.remote or "")),
-            "model": f"{ctx.config.llm.provider}/{ctx.config.llm.model}",
+        reply_frame: dict[str, Any] = {
+            "type": "reply",
+            "session": session,
+            "reply": result.reply,
+            "failed": result.failed,
         }
-    )
+        if by_cookie and result.turn_record_id is not None:
+            reply_frame["explain"] = f"/dashboard/turns/{result.turn_record_id}"
+        await ws.send_json(reply_frame)
+    return ws
 
 
 def build_web_app(ctx: WebContext) -> web.Application:
     """The aiohttp application with every route."""
     app = web.Application(
-        middlewares=[errors_middleware], client_max_size=ctx.config.server.max_message_chars * 4 + 65536
+        middlewares=[errors_middleware, origin_middleware(ctx.config.server.allowed_origins)],
+        client_max_size=ctx.config.server.max_message_chars * 4 + 65536,
     )
     app[CTX] = ctx
+    dash = ctx.config.server.dashboard_token
+    app[SESSIONS] = OperatorSessions(dash.get_secret_value() if dash is not None else None)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/chat", chat)
     app.router.add_get("/v1/sessions/{id}/messages", session_messages)
     app.router.add_get("/v1/ws", websocket)
-    app.router.add_get("/", index)
-    app.router.add_get("/dashboard/info", dashboard_info)
     app.router.add_static("/static/", STATIC)
     return app

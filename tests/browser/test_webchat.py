@@ -15,6 +15,8 @@ from gateway.config import Config
 from gateway.sessions import SessionKey
 
 CHROMIUM = os.environ.get("GOCLAW_CHROMIUM", "/usr/bin/chromium")
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
+TOKEN = "webchat-browser-token-0123456789abcdef"
 pytestmark = pytest.mark.browser
 
 
@@ -29,7 +31,7 @@ def _require_chromium() -> None:
 @pytest.fixture
 async def served(sqlite_url: str) -> AsyncIterator[tuple[Gateway, str]]:
     _require_chromium()
-    cfg = Config.model_validate({"database": {"url": sqlite_url}})  # builtin model, no dashboard token
+    cfg = Config.model_validate({"database": {"url": sqlite_url}, "server": {"dashboard_token": TOKEN}})
     gw = Gateway(cfg)
     await gw.start(channels=False, worker=False)
     runner = web.AppRunner(gw.web)
@@ -49,13 +51,13 @@ async def test_operator_chats_with_offline_model_in_the_browser(served: tuple[Ga
 
     gw, base = served
     async with async_playwright() as pw:
-        browser = await pw.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"],
-        )
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
         try:
             page = await browser.new_page()
-            await page.goto(base + "/")
+            # The login URL serve prints: the token is exchanged for a session cookie.
+            await page.goto(f"{base}/?token={TOKEN}")
+            assert "token=" not in page.url
+            await page.goto(base + "/dashboard/chat")
             await page.wait_for_selector("#composer:not([hidden])", timeout=10_000)
             await page.fill("#text", "What do you know about the daily report?")
             await page.click("#send")
@@ -68,6 +70,10 @@ async def test_operator_chats_with_offline_model_in_the_browser(served: tuple[Ga
             assert text is not None and "[offline model]" in text
             assert "connected as admin" in (await page.text_content("#status") or "")
             await page.screenshot(path=str(tmp_path / "webchat.png"))
+            # History is shown on reload, with a link explaining the reply.
+            await page.reload()
+            await page.wait_for_selector(".msg.agent a.explain", timeout=10_000)
+            assert "What do you know about the daily report?" in (await page.text_content("#log") or "")
         finally:
             await browser.close()
     sid = await gw.sessions.find_session(SessionKey("web", "admin/dashboard"))

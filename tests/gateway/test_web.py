@@ -234,9 +234,9 @@ async def test_unexpected_error_is_500_json_without_traceback(sqlite_url: str) -
         assert "secret internal detail" not in text and "Traceback" not in text
 
 
-async def test_web_chat_page_is_served(web: Web) -> None:
+async def test_login_page_is_served_and_the_chat_needs_a_login(web: Web) -> None:
     page = await web.http.get(f"{web.base}/")
     assert page.status == 200
-    assert "Message the agent" in await page.text()
-    info = await (await web.http.get(f"{web.base}/dashboard/info")).json()
-    assert info["needs_token"] is True  # a dashboard token is configured
+    assert 'name="token"' in await page.text()
+    chat = await web.http.get(f"{web.base}/dashboard/chat", allow_redirects=False)
+    assert (chat.status, chat.headers["Location"]) == (303, "/")

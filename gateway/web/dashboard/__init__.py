@@ -1,0 +1,67 @@
+"""The admin dashboard: server-rendered pages (aiohttp-jinja2, autoescaped), no build step, no CDN.
+
+``mount_dashboard`` adds the login, the pages and their actions to the web
+app. Each page module holds its routes; ``base`` holds what they share (nav,
+rendering, login and CSRF checks, keyset pages, the audited action helper).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+
+from gateway.web.dashboard import chat, login, memory_pages, overview, people
+from gateway.web.dashboard.base import GW
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+
+def _fmt_time(value: object) -> str:
+    from datetime import datetime
+
+    return f"{value:%Y-%m-%d %H:%M} UTC" if isinstance(value, datetime) else ("-" if value is None else str(value))
+
+
+def mount_dashboard(app: web.Application, gw: Gateway) -> None:
+    """Add the dashboard's routes and template engine to ``app``, acting on ``gw``."""
+    env = aiohttp_jinja2.setup(
+        app,
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,  # every value is escaped; nothing a person typed is ever markup
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["when"] = _fmt_time
+    app[GW] = gw
+    r = app.router
+    r.add_get("/", login.root)
+    r.add_post("/login", login.login)
+    r.add_post("/logout", login.logout)
+    r.add_get("/dashboard/", overview.overview)
+    r.add_get("/dashboard", overview.overview)
+    r.add_get("/dashboard/people", people.people)
+    r.add_get("/dashboard/people/{id}", people.person)
+    r.add_post("/dashboard/pairing/approve", people.approve)
+    r.add_post("/dashboard/pairing/reject", people.reject)
+    r.add_post("/dashboard/people/role", people.change_role)
+    r.add_get("/dashboard/memory", memory_pages.browse)
+    r.add_get("/dashboard/memory/review", memory_pages.review_queue)
+    r.add_get("/dashboard/memory/record/{id}", memory_pages.record)
+    r.add_post("/dashboard/memory/confirm", memory_pages.confirm)
+    r.add_post("/dashboard/memory/reject", memory_pages.reject)
+    r.add_post("/dashboard/memory/retract", memory_pages.retract)
+    r.add_get("/dashboard/memory/undo", memory_pages.undo_confirm)
+    r.add_post("/dashboard/memory/undo", memory_pages.undo)
+    r.add_get("/dashboard/chat", chat.chat)
+    r.add_post("/dashboard/chat/command", chat.command)
+    r.add_get("/dashboard/turns", chat.turns)
+    r.add_get("/dashboard/turns/{id}", chat.explain)
+
+
+__all__ = ["mount_dashboard"]

@@ -1,0 +1,139 @@
+"""The admin dashboard in Debian's Chromium, driven by Playwright, against a real seeded gateway on 127.0.0.1.
+
+One walk through what an admin does (log in, approve a pairing code, change a
+role, find a record, open its timeline, undo a revision, confirm an unverified
+record, log out), and the cross-site POST that must be refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from tests.browser.dashboard_world import TOKEN, World, served_world
+from tests.browser.test_webchat import CHROMIUM, LAUNCH_ARGS, _require_chromium
+
+pytestmark = pytest.mark.browser
+WAIT = 15_000
+
+
+@pytest.fixture
+async def world(sqlite_url: str) -> AsyncIterator[World]:
+    _require_chromium()
+    async with served_world(sqlite_url) as w:
+        yield w
+
+
+async def test_admin_does_the_day_to_day_in_the_browser(world: World) -> None:
+    from playwright.async_api import async_playwright
+
+    gw = world.gw
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 800})
+            page.set_default_timeout(WAIT)
+            # Log in with the printed URL; the token leaves the address bar.
+            await page.goto(f"{world.base}/?token={TOKEN}")
+            await page.wait_for_selector("h1:text('Overview')")
+            assert "token" not in page.url
+
+            # Approve Dana's pending code as a user.
+            await page.click("text=Pairing & people")
+            row = page.locator(f".pending-row[data-code='{world.dana_code}']")
+            await row.locator("button.approve").click()
+            await page.wait_for_selector(".flash:has-text('Approved')")
+            assert await gw.pairing.resolve("discord", "2004") is not None
+
+            # Make Alice an admin.
+            alice = page.locator(f"tr[data-user='{world.alice}']")
+            await alice.locator("select[name=role]").select_option("admin")
+            await alice.locator("button.set-role").click()
+            await page.wait_for_selector(".flash:has-text('now has role admin')")
+            assert (await gw.pairing.get_user(world.alice)).role.value == "admin"
+            assert "role" in (await page.text_content("#audit") or "")
+
+            # Find the retired note by a word of its content, open its timeline.
+            await page.click("header >> text=Memory")
+            await page.fill("#q", "example_metrics")
+            await page.click("#search")
+            await page.click("a.rec:has-text('daily report data source')")
+            await page.wait_for_selector("#timeline .revision")
+            assert "superseded" in (await page.text_content("h1") or "")
+
+            # Undo the revision: the confirmation shows what returns, then it is live again.
+            await page.click("#timeline a.undo")
+            preview = await page.text_content("#undo-preview") or ""
+            assert "example_metrics" in preview
+            await page.click("#confirm-undo")
+            await page.wait_for_selector(".flash:has-text('Undone')")
+            await page.wait_for_selector("h1 .badge.s-live")
+            assert "a veto" in (await page.text_content("#timeline") or "")
+            restored = await gw.memory.store.get(world.old_note)
+            assert restored is not None and restored.status == "live"
+
+            # Confirm the quarantined record from the review queue.
+            await page.click("header >> text=Review")
+            item = page.locator(f".review-item[data-id='{world.unverified}']")
+            await item.locator("button.confirm").click()
+            await page.wait_for_selector(".flash:has-text('Confirmed')")
+            confirmed = await gw.memory.store.get(world.unverified)
+            assert confirmed is not None and confirmed.status == "live"
+
+            # Every action above is in the audit, via dashboard, by admin.
+            audit = await gw.pairing.audit_log()
+            assert {(a[1], a[2]) for a in audit} == {("dashboard", "admin")}
+            assert {a[3] for a in audit} >= {"pair approve", "role", "memory undo", "memory confirm"}
+
+            # Log out: the dashboard is gone until the next login.
+            await page.click("#logout")
+            await page.wait_for_selector("#token")
+            await page.goto(f"{world.base}/dashboard/people")
+            await page.wait_for_selector("#token")
+        finally:
+            await browser.close()
+
+
+async def test_cross_site_post_without_csrf_token_is_refused(world: World) -> None:
+    from playwright.async_api import async_playwright
+
+    # A hostile page on another origin posts a role change to the logged-in dashboard.
+    evil_html = f"""<!doctype html><form id=f method=post action="{world.base}/dashboard/people/role">
+      <input name=user_id value="{world.bob}"><input name=role value=admin></form>
+      <script>document.getElementById('f').submit()</script>"""
+
+    async def evil_page(_: web.Request) -> web.Response:
+        return web.Response(text=evil_html, content_type="text/html")
+
+    evil = web.Application()
+    evil.router.add_get("/", evil_page)
+    runner = web.AppRunner(evil)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    evil_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+            try:
+                page = await browser.new_page()
+                page.set_default_timeout(WAIT)
+                await page.goto(f"{world.base}/?token={TOKEN}")
+                await page.wait_for_selector("h1:text('Overview')")
+                await page.goto(f"http://127.0.0.1:{evil_port}/")
+                await page.wait_for_selector("text=cross-origin request refused")
+                # The same POST from the dashboard's own origin, but without the CSRF token.
+                await page.goto(f"{world.base}/dashboard/people")
+                status = await page.evaluate(
+                    """async (uid) => (await fetch('/dashboard/people/role', {method: 'POST',
+                         body: new URLSearchParams({user_id: uid, role: 'admin'})})).status""",
+                    world.bob,
+                )
+                assert status == 403
+            finally:
+                await browser.close()
+    finally:
+        await runner.cleanup()
+    assert (await world.gw.pairing.get_user(world.bob)).role.value == "user"
