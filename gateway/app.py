@@ -15,6 +15,7 @@ from channels.base import ChannelAdapter
 from gateway.config import Config, DiscordConfig, TeamsConfig
 from gateway.db import make_engine, upgrade
 from gateway.dispatch import ChannelRules, Dispatcher
+from gateway.idle import IdleExtractor
 from gateway.llm.base import LLMProvider
 from gateway.memory_glue import GatewayMemory, build_memory
 from gateway.metrics import Metrics
@@ -66,6 +67,7 @@ class Gateway:
         self.turns: TurnHandler
         self.dispatcher: Dispatcher
         self.worker: JobWorker
+        self.idle: IdleExtractor
         self.web: web.Application
 
     async def start(self, *, channels: bool = True, worker: bool = True) -> None:
@@ -80,6 +82,12 @@ class Gateway:
         await self.provider.start()
         self.memory, job_handlers = build_memory(self)
         self.worker = JobWorker(self.sessions, job_handlers, metrics=self.metrics)
+        self.idle = IdleExtractor(
+            self.engine,
+            idle_seconds=self.config.session.idle_extract_seconds,
+            clock=self.clock,
+            on_job=self.worker.wake,
+        )
         self.turns = TurnHandler(
             config=self.config,
             sessions=self.sessions,
@@ -111,6 +119,7 @@ class Gateway:
         self._build_channels()
         if worker:
             await self.worker.start()
+            await self.idle.start()
             await self.memory.scheduler.start()
         if channels:
             await self.start_channels()
@@ -178,6 +187,8 @@ class Gateway:
             except Exception as exc:
                 log.warning("channel %s did not stop cleanly: %s", name, exc)
             self.channel_state[name] = "stopped"
+        if hasattr(self, "idle"):
+            await self.idle.stop()
         if hasattr(self, "worker"):
             await self.worker.stop()
         if hasattr(self, "memory"):

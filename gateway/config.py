@@ -137,6 +137,8 @@ class SessionConfig(_Model):
     keep_messages: int = Field(default=10, ge=1)
     max_concurrent_sessions: int = Field(default=32, ge=1)
     history_token_budget: int = Field(default=6000, ge=256)
+    # Extract what a session taught once it has been quiet this long (0: only at the trim).
+    idle_extract_seconds: float = Field(default=120, ge=0)
 
     @model_validator(mode="after")
     def _keep_below_max(self) -> SessionConfig:

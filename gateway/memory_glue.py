@@ -12,10 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from gateway.idle import messages_between
 from gateway.llm.base import Tool
 from gateway.models import Job
 from gateway.scheduler import Scheduler, consolidation_model, extraction_model, judge_model
-from gateway.sessions import SessionStore, principal_from_json, summarize
+from gateway.sessions import SessionStore, StoredMessage, principal_from_json, summarize
 from gateway.turn import MemoryContext, RunContext
 from gateway.worker import JobHandler, ParkableError
 from memory import (
@@ -35,6 +36,7 @@ from memory import (
     summary_owner,
 )
 from memory.belief_revision import BeliefReviser
+from memory.extract import ExtractOutcome
 from memory.render import IDENTITY_SCOPES_RENDERED, identity_lines
 from memory.revisions import authorize_undo, list_revisions, undo_revision, undo_revision_run
 from memory.store import MemoryStoreError
@@ -243,23 +245,25 @@ class GatewayMemory:
     async def extract_job(self, job: Job) -> None:
         """Run extraction on a trimmed slice; raise to have the worker retry (then park) it."""
         payload = job.payload
-        archive_id = payload["archive_id"]
-        turn_principal = principal_from_json(payload["turn_principal"])
-        stored = await self.sessions.archive_messages(archive_id)
+        archive_id = payload.get("archive_id")
+        turn_principal = _job_principal(payload)
+        whole, stored = await self._job_messages(payload)
         slice_ = [m.as_slice() for m in stored]
         if not slice_:
-            log.warning("job %s: archive %s has no messages; nothing to extract", job.id, archive_id)
-            return
+            # A trim whose messages the idle sweep extracted already: only its summary is left.
+            log.info("job %s: nothing new to extract in %s", job.id, archive_id or "the idle slice")
+        outcome = ExtractOutcome()
         try:
-            outcome = await process_slice(
-                self.writer,
-                self.extractor,
-                slice=slice_,
-                turn_principal=turn_principal,
-                session_id=payload["session_id"],
-                archive_id=archive_id,
-                source="live",
-            )
+            if slice_:
+                outcome = await process_slice(
+                    self.writer,
+                    self.extractor,
+                    slice=slice_,
+                    turn_principal=turn_principal,
+                    session_id=payload["session_id"],
+                    archive_id=archive_id,
+                    source="live",
+                )
         except MalformedExtraction as exc:
             raise ParkableError(f"malformed extractor answer ({exc.problem})", exc.raw) from None
         # The subject rule ran inside each write; the judge looks further. A failing
@@ -267,10 +271,12 @@ class GatewayMemory:
         await self.reviser.revise_many([r.id for r in outcome.written if r.status == "live"], cause="live")
         # policy: the summary goes to personal memory only when every message in the
         # slice was the current speaker's; a shared thread's summary stays in the session.
-        owner = summary_owner(slice_, turn_principal)
+        # The summary is the trimmed slice's (the whole of it, whoever extracted which part);
+        # an idle slice is still in the history and gets none.
+        owner = summary_owner([m.as_slice() for m in whole], turn_principal) if archive_id else None
         # The personal copy is made of the owner's own lines only: an agent reply at
         # the slice's edge may answer someone else and must not carry them along.
-        own = [m for m in stored if m.speaker_user_id == owner and not m.is_agent] if owner else []
+        own = [m for m in whole if m.speaker_user_id == owner and not m.is_agent] if owner else []
         summary = summarize(own) if own else ""
         if owner is not None and summary:
             await self.writer.write(
@@ -279,19 +285,41 @@ class GatewayMemory:
                 "live",
                 subject=SUMMARY_SUBJECT,
                 content=summary,
-                said_at=slice_[-1].said_at,
+                said_at=whole[-1].said_at,
                 owner_user_id=owner,
                 session_id=payload["session_id"],
-                evidence=(archive_id,),
+                evidence=(str(archive_id),),
             )
         log.info(
-            "job %s: archive %s: %d written, %d operational dropped, %d model calls",
+            "job %s: %s: %d written, %d operational dropped, %d model calls",
             job.id,
-            archive_id,
+            archive_id or "idle slice",
             len(outcome.written),
             outcome.dropped_operational,
             outcome.model_calls,
         )
+
+    async def _job_messages(self, payload: Mapping[str, Any]) -> tuple[list[StoredMessage], list[StoredMessage]]:
+        """The job's whole slice, and the part of it to extract (what lies after the session's mark)."""
+        after = int(payload.get("after_message_id") or 0)
+        if payload.get("archive_id"):
+            whole = await self.sessions.archive_messages(payload["archive_id"])
+        else:
+            whole = await messages_between(
+                self.sessions.engine, payload["session_id"], after, int(payload["through_message_id"])
+            )
+        return whole, [m for m in whole if m.id > after]
+
+
+def _job_principal(payload: Mapping[str, Any]) -> Principal:
+    """The trim's turn principal; for an idle slice, nobody's turn.
+
+    policy: "For anyone else in the thread it is the role their messages were
+    stored with". An idle slice has no running turn, so everyone in it is
+    read that way: an unpaired principal is the speaker of no line.
+    """
+    raw = payload.get("turn_principal")
+    return principal_from_json(raw) if raw else Principal.unpaired("idle extraction")
 
 
 def build_memory(gw: Gateway) -> tuple[GatewayMemory, dict[str, JobHandler]]:

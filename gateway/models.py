@@ -27,6 +27,8 @@ class Session(GatewayBase):
     thread_id: Mapped[str] = mapped_column(String(300), default="")
     parent_conversation_id: Mapped[str | None] = mapped_column(String(300), nullable=True)
     previous_context: Mapped[str] = mapped_column(Text, default="")
+    # The newest message id already handed to an extraction job (idle sweep or trim).
+    extracted_through: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 

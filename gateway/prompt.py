@@ -36,6 +36,23 @@ You learn as you work, and you learn safely. Follow these rules exactly.
   identity."""
 
 
+LEARN_ON_PAUSE = "What people teach you in conversation is learned when the conversation pauses"
+LEARN_AT_TRIM = "What people teach you in conversation is learned when older messages are archived"
+
+
+def learning_line(idle_extract_seconds: float, max_messages: int) -> str:
+    """When conversation is learned, said truthfully to the model (and read by the built-in one).
+
+    ``memory_write`` and ``@notes:`` save at once; extraction waits for a quiet
+    spell (``session.idle_extract_seconds``) or, when that is off, for the trim.
+    """
+    if idle_extract_seconds > 0:
+        when = f"{LEARN_ON_PAUSE} (after {idle_extract_seconds:g} s of quiet)"
+    else:
+        when = f"{LEARN_AT_TRIM} (past {max_messages} messages)"
+    return when + ", not at once; memory_write and @notes: save at once."
+
+
 def estimate_tokens(text: str) -> int:
     """A cheap, conservative token estimate (about four characters a token)."""
     return math.ceil(len(text) / 4)
@@ -105,18 +122,20 @@ def build_system_prompt(
     previous_context: str,
     identity_notes: str = "",
     budgets: PromptBudgets = PromptBudgets(),
+    learning: str = "",
 ) -> str:
     """Assemble the system prompt. Pure: values in, text out.
 
     ``operational`` and ``personal`` arrive already selected and rendered by
     memory within ``budgets.memory``; they are cut again here only as a guard.
+    ``learning`` (:func:`learning_line`) tells the model when what it is taught is learned.
     """
     identity = f"You are {agent_name}. " + persona.strip()
     if identity_notes.strip():
         identity += "\nSet by administrators (identity, not facts):\n" + identity_notes.strip()
     parts = [
         f"{IDENTITY}\n" + fit(identity, budgets.identity),
-        f"{POLICY}\n" + fit(MEMORY_ROUTING_POLICY, budgets.policy),
+        f"{POLICY}\n" + fit(MEMORY_ROUTING_POLICY, budgets.policy) + (f"\n- {learning}" if learning else ""),
         f"{SPEAKER}\n{speaker_line(principal)}",
     ]
     memory_budget = budgets.memory

@@ -498,6 +498,10 @@ class SessionStore:
                 raise RuntimeError("simulated crash after writing the archive")
             context = (session.previous_context + "\n" + summary).strip()
             session.previous_context = context[-context_chars:]
+            # The idle sweep may have extracted the slice's older messages already: the job
+            # extracts only what lies after the mark (the archive still holds the whole slice).
+            extracted_through = session.extracted_through or 0
+            session.extracted_through = max(extracted_through, cut[-1].id)
             job = Job(
                 kind="extract",
                 payload={
@@ -505,6 +509,7 @@ class SessionStore:
                     "archive_id": archive_id,
                     "turn_principal": principal_json(turn_principal),
                     "summary": summary,
+                    "after_message_id": extracted_through,
                 },
                 status="pending",
                 attempts=0,

@@ -14,7 +14,7 @@ from gateway.config import Config
 from gateway.explain import TurnExplanation, directive_explanation, explain_turn
 from gateway.llm.base import ChatMessage, LLMProvider, LLMUnavailable, Tool
 from gateway.metrics import Metrics
-from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, safe_name
+from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, learning_line, safe_name
 from gateway.sessions import SessionKey, SessionStore, StoredMessage, TrimResult
 from memory.types import SliceMessage
 from pairing.principal import Principal
@@ -252,6 +252,7 @@ class TurnHandler:
             identity_notes=mem.identity,
             previous_context=previous_context,
             budgets=self.budgets,
+            learning=learning_line(self.config.session.idle_extract_seconds, self.config.session.max_messages),
         )
         messages = [ChatMessage("system", system), *self._history_messages(history, stored)]
         tools = self.memory.tools(

@@ -25,7 +25,7 @@ from memory.words import terms
 from memory.writer import MemoryWriter, WriteResult
 from pairing.principal import SYSTEM_PRINCIPALS, Principal, Role, is_human_admin
 
-EXTRACTOR_PROMPT_VERSION = "extract-v1"
+EXTRACTOR_PROMPT_VERSION = "extract-v2"
 
 EXTRACTOR_PROMPT = """\
 You read the messages of ONE person in a chat with an AI agent and list what in them is worth \
@@ -50,6 +50,9 @@ example_orders and example_archive", "from now on use example_archive instead of
 ("produce today's report").
 - task: any other one-off thing to do now ("send this to Carol", "produce this report").
 
+A wish with several parts ("answer me in English, and keep it short") is one preference item, \
+not one per part.
+
 One message can hold several items. "I am your manager, assigned to oversee you. You will produce \
 this report from example_orders and example_archive" holds three: an identity item (introduced \
 themselves as the manager, assigned to oversee the agent), an operational item (the report is \
@@ -57,8 +60,9 @@ produced from example_orders and example_archive) and a task (produce the report
 
 For each item give:
 - kind: one of identity, preference, operational, request, task
-- subject: a short, stable topic, the same words each time the same thing comes up \
-(e.g. "report data source", "reply language", "name")
+- subject: a short, stable topic, the same words each time the same thing comes up, with the words \
+that tell it apart from similar topics: "daily report data source" and "weekly report data source" are \
+two subjects, as are two tables or two servers (e.g. "daily report data source", "reply language", "name")
 - content: the fact, written so it can be acted on later without this conversation
 
 Greetings, thanks and small talk are not items. If there is nothing, return {"items": []}.

@@ -6,9 +6,12 @@ sources, requests and one-off tasks. Anything else yields nothing. Like any
 extractor it only classifies; what is written where is decided in code by
 ``handle_fact_extract`` through the write gate.
 
-Subjects are stable per topic so the subject rule can supersede: every
-statement of where a report's data comes from has the subject
-``report data source``, every reply-language preference ``reply language``.
+Subjects are stable per topic so the subject rule can supersede, and keep
+the words that tell one topic from another so it supersedes nothing else:
+every statement of where the daily report's data comes from has the subject
+``daily report data source`` (the weekly report's is another), every
+reply-language preference ``reply language``. The corpus in
+``tests/memory/subject_corpus.py`` holds the classifier to this.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from datetime import UTC, datetime
 
 from memory.transcript import speaker_messages
 from memory.types import ExtractedItem
-from memory.words import subject_key, terms
+from memory.words import STOPWORDS, subject_key, terms
 
 _I = re.IGNORECASE
 
@@ -58,12 +61,15 @@ _MY_X_IS = re.compile(
     _I,
 )
 _BASED = re.compile(r"\bI(?:'m|\s+am)\s+(?:based|located)\s+in\s+(?P<where>[^.,;!?]+)", _I)
+_LANGUAGES = (
+    r"english|french|german|spanish|italian|portuguese|dutch|polish|swedish|norwegian|danish|finnish|czech|greek|"
+    r"turkish|russian|ukrainian|japanese|chinese|mandarin|korean|arabic|hebrew|hindi|indonesian|vietnamese|thai"
+)
 _LANGUAGE = re.compile(
-    r"\b(?:answer|reply|respond|write|speak|talk)(?:\s+to)?(?:\s+me)?\s+(?:only\s+)?in\s+(?P<lang>english|french|"
-    r"german|spanish|italian|portuguese|dutch|polish|swedish|norwegian|danish|finnish|czech|greek|turkish|russian|"
-    r"ukrainian|japanese|chinese|mandarin|korean|arabic|hebrew|hindi|indonesian|vietnamese|thai)\b",
+    rf"\b(?:answer|reply|respond|write|speak|talk)(?:\s+to)?(?:\s+me)?\s+(?:only\s+)?in\s+(?P<lang>{_LANGUAGES})\b",
     _I,
 )
+_LANGUAGE_NAME = re.compile(rf"\bin\s+(?:{_LANGUAGES})\b", _I)
 _PREFER = re.compile(r"\bI\s+(?:prefer|like|(?:would|'d)\s+(?:prefer|like))\s+(?!you\b)(?P<what>[^.;!?]+)", _I)
 _STYLE = re.compile(
     r"\b(?:be|keep\s+it|keep\s+(?:your\s+)?answers)\s+(?P<how>brief|short|concise|detailed|formal|casual)\b", _I
@@ -94,6 +100,13 @@ _DATA_WORD = re.compile(
     r"\b(?:use[sd]?|using|from|source|tables?|reads?|quer(?:y|ies)|pulls?|instead\s+of|rather\s+than|not)\b", _I
 )
 _PRODUCT = re.compile(r"\b(report|dashboard|export|summary|forecast|invoice)s?\b", _I)
+# Words that say where data comes from, without "table" (a statement about a table is about that table).
+_USE_WORD = re.compile(r"\b(?:use[sd]?|using|from|source|reads?|quer(?:y|ies)|pulls?|instead\s+of|rather\s+than)\b", _I)
+_MAX_QUALIFIERS = 2
+_NOT_QUALIFIERS = frozenset(
+    "this that these those new current old today today's tomorrow's yesterday's every each whole same "
+    "produce generate build run create compile prepare pull assemble send".split()
+)
 _THING_IS = re.compile(
     r"^\s*(?:the\s+|our\s+)?(?P<thing>[a-z][a-z0-9 _-]{2,40}?)\s+(?:is|are|lives\s+(?:on|at))\s+(?P<value>.+)$", _I
 )
@@ -129,20 +142,41 @@ def is_directive(text: str) -> bool:
     return bool(_NOTES_PREFIX.match(body) or _DIRECTIVE.match(body))
 
 
+def _product_name(text: str) -> str | None:
+    """The product a statement is about with the words that tell it apart: ``daily report``, ``sales dashboard``.
+
+    Only the words right before the product noun count ("the weekly report",
+    "our finance export"); articles, "this", "new" and the like do not, so
+    "this report" and "the report" are both ``report``.
+    """
+    product = _PRODUCT.search(text)
+    if product is None:
+        return None
+    words = re.findall(r"[a-z][a-z0-9-]*", text[: product.start()].lower())
+    qualifier: list[str] = []
+    for word in reversed(words[-_MAX_QUALIFIERS:]):
+        if word in STOPWORDS or word in _NOT_QUALIFIERS:
+            break
+        qualifier.insert(0, word)
+    return " ".join([*qualifier, product.group(1).lower()])
+
+
 def operational_subject(text: str) -> str:
     """A stable subject for an operational statement (used by ``@notes:`` too).
 
     Data-source statements (tables, ``use X instead of Y``) are
-    ``<product> data source`` -- ``report data source`` unless another product
-    (dashboard, export, ...) is named; host statements name the server;
-    otherwise the thing the statement is about, or its first words.
+    ``<product> data source``, the product named with the words that tell it
+    apart (``daily report data source`` and ``weekly report data source`` are
+    two subjects; ``report data source`` when no product is named); a
+    statement about a table, host or server names it; otherwise the thing the
+    statement is about, or its first words.
     """
     body = _DIRECTIVE.sub("", _NOTES_PREFIX.sub("", text), count=1)
     hosts = _HOST.findall(body)
     idents = [i for i in _IDENTIFIER.findall(body) if not _HOST.fullmatch(i.strip("`"))]
-    if idents and _DATA_WORD.search(body):
-        product = _PRODUCT.search(body)
-        return f"{product.group(1).lower() if product else 'report'} data source"
+    product = _product_name(body)
+    if idents and (_USE_WORD.search(body) or (product and _DATA_WORD.search(body))):
+        return f"{product or 'report'} data source"
     thing = _THING_IS.match(body)
     if thing and (hosts or idents):
         return subject_key(thing.group("thing"))
@@ -194,17 +228,26 @@ def _personal(sentence: str) -> list[ExtractedItem]:
         items.append(ExtractedItem("identity", what, f"Their {what} is {_clean(m.group('value'))}"))
     if m := _BASED.search(sentence):
         items.append(ExtractedItem("identity", "location", f"Based in {_clean(m.group('where'))}"))
-    if m := _LANGUAGE.search(sentence):
-        items.append(ExtractedItem("preference", "reply language", f"Wants answers in {m.group('lang').capitalize()}"))
-    if m := _STYLE.search(sentence):
-        items.append(ExtractedItem("preference", "answer style", f"Wants answers {m.group('how').lower()}"))
+    language, style = _LANGUAGE.search(sentence), _STYLE.search(sentence)
+    if language and style:
+        # "answer me in English, and keep it short" is one wish: split in two, a later
+        # "I prefer answers in English" would retire the half about length.
+        lang, how = language.group("lang").capitalize(), style.group("how").lower()
+        items.append(ExtractedItem("preference", "reply language and style", f"Wants answers in {lang} and {how}"))
+    elif language:
+        items.append(
+            ExtractedItem("preference", "reply language", f"Wants answers in {language.group('lang').capitalize()}")
+        )
+    elif style:
+        items.append(ExtractedItem("preference", "answer style", f"Wants answers {style.group('how').lower()}"))
     elif (m := _PREFER.search(sentence)) and not items:
         what = _clean(m.group("what"))
-        topic = (
-            "answer style"
-            if re.search(r"\b(answer|repl|response|format|bullet|brief|short|detail)", what, _I)
-            else None
-        )
+        if _LANGUAGE_NAME.search(what):
+            topic: str | None = "reply language"
+        elif re.search(r"\b(answer|repl|response|format|bullet|brief|short|detail)", what, _I):
+            topic = "answer style"
+        else:
+            topic = None
         items.append(ExtractedItem("preference", topic or f"preference {' '.join(terms(what)[:3])}", f"Prefers {what}"))
     return items
 
@@ -214,8 +257,7 @@ def _operational(sentence: str) -> list[ExtractedItem]:
     if m := _YOU_WILL.search(sentence):
         # "You will produce this report from X and Y": a standing definition and a task now.
         obj = _clean(m.group("obj"))
-        product = _PRODUCT.search(obj)
-        thing = product.group(1).lower() if product else (" ".join(terms(obj)[-1:]) or "output")
+        thing = _product_name(obj) or " ".join(terms(obj)[-1:]) or "output"
         src = _clean(m.group("src"))
         items.append(ExtractedItem("operational", f"{thing} data source", f"The {thing} is produced from {src}"))
         items.append(ExtractedItem("task", thing, f"{m.group('verb').capitalize()} {_third_person(obj)} now"))
@@ -223,7 +265,7 @@ def _operational(sentence: str) -> list[ExtractedItem]:
     directive = _DIRECTIVE.match(sentence)
     body = _clean(sentence[directive.end() :]) if directive else sentence
     if m := _SOURCE_IS.search(sentence):
-        noun = m.group("noun").lower()
+        noun = _product_name(sentence[: m.end("noun")]) or m.group("noun").lower()
         items.append(
             ExtractedItem("operational", f"{noun} data source", f"The {noun} is produced from {_clean(m.group('src'))}")
         )

@@ -49,6 +49,7 @@ from memory.models import (
     MemoryRevision,
     MemoryTerm,
 )
+from memory.paraphrase import same_fact
 from memory.words import subject_key, terms
 from pairing.models import UTCDateTime
 
@@ -240,6 +241,10 @@ def _new_revision_id() -> str:
 def new_run_id(prefix: str = "run") -> str:
     """A fresh run id (a relearn, a belief revision, a consolidation)."""
     return f"{prefix}_" + secrets.token_hex(8)
+
+
+_EXTRACTED = frozenset({"live", "relearn"})
+"""Sources whose wording is the extractor's, not a person's own."""
 
 
 def _said_again(content: str) -> str:
@@ -522,6 +527,10 @@ class MemoryStore:
             )
         ]
         for known in same_subject:
+            if known.status == "live" and decision.source in _EXTRACTED and same_fact(known.content, content):
+                # A paraphrase of a live fact (the extractor rewording an admin's @notes:) is no
+                # new value: keep the earlier, more authoritative wording; retire nothing.
+                return Added(known, duplicate=True)
             if _said_again(known.content) != said_again:
                 continue
             if known.status == "live":

@@ -13,7 +13,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 
 from gateway.llm.base import ChatMessage, Completion, JsonSchema, Tool
-from gateway.prompt import OPERATIONAL, PERSONAL, SPEAKER
+from gateway.prompt import LEARN_AT_TRIM, LEARN_ON_PAUSE, OPERATIONAL, PERSONAL, SPEAKER
 
 LABEL = "[offline model]"
 _WORD = re.compile(r"[a-z0-9_]{3,}")
@@ -24,6 +24,8 @@ _STOP = frozenset(
 )
 _CHANGE = re.compile(r"\b(from now on|instead of|no longer|rule:|always use|never use|switch to)\b", re.I)
 _ID = re.compile(r"\[(m_[0-9a-f]+)\]")
+# How the turn shows a person's line in the history: "[Alice · u_1] text".
+_HISTORY_PREFIX = re.compile(r"^\[[^\]\n]{0,80} · [^\]\n]{1,60}\]\s*")
 
 
 def _words(text: str) -> set[str]:
@@ -93,30 +95,48 @@ class BuiltinProvider:
         return str(handler(system, user))
 
     def respond(self, system: str, user: str) -> str:
-        """The template reply: which remembered items bear on the message, and which were used."""
+        """The template reply: what will be learned and when, and which remembered items it used."""
+        from memory.rules import classify  # memory's rule-based classifier, the same one extraction uses
+
         # Authority is read from the first line of CURRENT SPEAKER only: the rest of
         # the prompt (memory, previous context, history) is text people typed.
-        is_admin = _speaker_role(system) == "administrator"
+        role = _speaker_role(system)
+        is_admin = role == "administrator"
+        has_personal = role in ("administrator", "regular user")
+        text = _HISTORY_PREFIX.sub("", user, count=1)
+        kinds = {i.kind for i in classify(text)}
+        teaches_procedure = bool(_CHANGE.search(text)) or "operational" in kinds
         notes = _section(system, OPERATIONAL)
         personal = _section(system, PERSONAL)
-        asked = _words(user)
+        asked = _words(text)
         relevant_notes = [n for n in notes if asked & _words(n)]
         relevant_personal = [p for p in personal if asked & _words(p)]
         used = relevant_notes + relevant_personal
+        when = _when_learned(system)
         lines: list[str] = [LABEL]
-        if _CHANGE.search(user) and not is_admin:
+        if teaches_procedure and not is_admin:
+            # policy: a non-admin's new procedure is "declining-to-learn": say so, politely.
             lines.append(
-                "Operational changes require an administrator, so I will keep following the procedure "
-                "the administrators established."
+                "Operational changes require an administrator, so I will not learn this and will keep "
+                "following the procedure the administrators established."
             )
             if relevant_notes:
                 lines.append("Current procedure: " + relevant_notes[0])
-        elif _CHANGE.search(user) and is_admin:
-            lines.append("Understood. As an administrator's instruction, this will be learned as an operational note.")
-        elif used:
-            lines.append("From what I have been taught:")
+        elif teaches_procedure:
+            lines.append(
+                "Understood. As an administrator's instruction, this will be learned as an operational note"
+                + (f" {when}" if when else "")
+                + ". (@notes: saves a note at once.)"
+            )
+        if kinds & {"preference", "identity"}:
+            if has_personal:
+                lines.append(f"I'll remember this about you {when}." if when else "I'll remember this about you.")
+            else:
+                lines.append("I can't remember this: only paired people have a personal memory.")
+        if used and not teaches_procedure:
+            lines.append("Using what I have been taught:")
             lines.extend(f"- {item}" for item in used[:5])
-        else:
+        elif len(lines) == 1:
             lines.append(
                 "I have nothing remembered that bears on this. (This is the built-in offline model: configure "
                 "llm.provider for real answers.)"
@@ -124,3 +144,12 @@ class BuiltinProvider:
         ids = [m for item in used for m in _ID.findall(item)]
         lines.append("Memory used: " + (", ".join(ids) if ids else ("none" if not used else f"{len(used)} item(s)")))
         return "\n".join(lines)
+
+
+def _when_learned(system: str) -> str:
+    """When conversation is learned, as the prompt's MEMORY ROUTING POLICY says ('' if it does not say)."""
+    if LEARN_ON_PAUSE in system:
+        return "when the conversation pauses"
+    if LEARN_AT_TRIM in system:
+        return "when older messages are archived"
+    return ""

@@ -1,0 +1,210 @@
+"""Idle extraction: a session quiet for ``session.idle_extract_seconds`` is learned from at once.
+
+Without it, nothing a person teaches is learned until the trim, which may be
+forty messages away. The sweep hands a quiet session's messages not yet
+extracted to the same durable ``extract`` job a trim writes, so they go
+through exactly the same rules (``lines_by_speaker``, roles as stored,
+unpaired lines nobody's, the write gate). Each session keeps an "extracted
+through" mark (a message id); the sweep and the trim each cover only what lies
+after it and move it in the transaction that writes their job, so no message
+is extracted twice. On PostgreSQL with several gateway processes, the mark is
+moved only if it still holds the value the sweep read: of two processes that
+saw the same quiet session, one writes the job and the other writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.models import Job, Message, Session
+from gateway.sessions import StoredMessage
+
+log = logging.getLogger(__name__)
+
+EXTRACT_JOB = "extract"
+SWEEP_BATCH = 100
+
+
+@dataclass(frozen=True, slots=True)
+class IdleSlice:
+    """What one sweep handed to extraction for one session."""
+
+    session_id: str
+    after_message_id: int
+    through_message_id: int
+    job_id: int | None  # None: only agent replies were new; the mark moved, no job was needed
+
+
+def sweep_interval(idle_seconds: float) -> float:
+    """How often to look for quiet sessions: a quarter of the idle delay, between 0.2 s and 10 s."""
+    return max(0.2, min(idle_seconds / 4, 10.0))
+
+
+class IdleExtractor:
+    """Finds sessions quiet for ``idle_seconds`` and writes their extraction jobs.
+
+    Args:
+        engine: The gateway's database.
+        idle_seconds: How long a session must have been quiet (0 switches the sweep off).
+        clock: The gateway's clock (tests move it by hand).
+        on_job: Called after a sweep wrote at least one job (wakes the job worker).
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        idle_seconds: float,
+        clock: Callable[[], datetime],
+        on_job: Callable[[], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.idle_seconds = idle_seconds
+        self._clock = clock
+        self._on_job = on_job
+        self._task: asyncio.Task[None] | None = None
+
+    async def quiet_sessions(self, *, limit: int = SWEEP_BATCH) -> list[tuple[str, int, int]]:
+        """(session id, mark, newest message id) of sessions with unextracted messages, quiet long enough."""
+        msgs, sess = Message.__table__, Session.__table__
+        cutoff = self._clock() - timedelta(seconds=self.idle_seconds)
+        last = func.max(msgs.c.created_at)
+        q = (
+            select(msgs.c.session_id, sess.c.extracted_through, func.max(msgs.c.id).label("through"))
+            .join(sess, sess.c.id == msgs.c.session_id)
+            .where(msgs.c.archive_id.is_(None), msgs.c.id > sess.c.extracted_through)
+            .group_by(msgs.c.session_id, sess.c.extracted_through)
+            .having(last <= cutoff)
+            .order_by(last)
+            .limit(limit)
+        )
+        async with self.engine.connect() as conn:
+            return [(r.session_id, int(r.extracted_through), int(r.through)) for r in await conn.execute(q)]
+
+    async def extract_session(self, session_id: str, after: int, through: int) -> IdleSlice | None:
+        """Move the session's mark from ``after`` to ``through`` and write the job, in one transaction.
+
+        Returns None when the mark no longer holds ``after`` (a trim, or another
+        process's sweep, moved it first): then nothing is written.
+        """
+        msgs = Message.__table__
+        now = self._clock()
+        async with self.engine.begin() as conn:
+            moved = await conn.execute(
+                update(Session)
+                .where(Session.id == session_id, Session.extracted_through == after)
+                .values(extracted_through=through)
+            )
+            if moved.rowcount != 1:
+                return None
+            people = await conn.scalar(
+                select(func.count())
+                .select_from(msgs)
+                .where(
+                    msgs.c.session_id == session_id,
+                    msgs.c.id > after,
+                    msgs.c.id <= through,
+                    msgs.c.is_agent.is_(False),
+                )
+            )
+            if not people:
+                return IdleSlice(session_id, after, through, None)
+            job_id = (
+                await conn.execute(
+                    insert(Job)
+                    .values(
+                        kind=EXTRACT_JOB,
+                        payload={
+                            "session_id": session_id,
+                            "archive_id": None,
+                            # No turn is running: everyone is read by the role their
+                            # messages were stored with (see gateway.memory_glue).
+                            "turn_principal": None,
+                            "summary": "",
+                            "after_message_id": after,
+                            "through_message_id": through,
+                        },
+                        status="pending",
+                        attempts=0,
+                        run_after=now,
+                        created_at=now,
+                    )
+                    .returning(Job.id)
+                )
+            ).scalar_one()
+        return IdleSlice(session_id, after, through, int(job_id))
+
+    async def sweep_once(self) -> list[IdleSlice]:
+        """Write an extraction job for every quiet session; returns what was handed over."""
+        if self.idle_seconds <= 0:
+            return []
+        done: list[IdleSlice] = []
+        for session_id, after, through in await self.quiet_sessions():
+            got = await self.extract_session(session_id, after, through)
+            if got is not None:
+                done.append(got)
+                log.info(
+                    "session %s: quiet for %ss; messages %d..%d handed to extraction (job %s)",
+                    session_id,
+                    self.idle_seconds,
+                    after + 1,
+                    through,
+                    got.job_id,
+                )
+        if any(d.job_id is not None for d in done) and self._on_job is not None:
+            self._on_job()
+        return done
+
+    async def _loop(self) -> None:
+        interval = sweep_interval(self.idle_seconds)
+        while True:
+            try:
+                await self.sweep_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("idle extraction sweep failed; trying again")
+            await asyncio.sleep(interval)
+
+    async def start(self) -> None:
+        """Sweep in the background (nothing when ``idle_seconds`` is 0)."""
+        if self._task is None and self.idle_seconds > 0:
+            self._task = asyncio.create_task(self._loop(), name="goclaw-idle-extraction")
+
+    async def stop(self) -> None:
+        """Stop sweeping."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+async def messages_between(engine: AsyncEngine, session_id: str, after: int, through: int) -> list[StoredMessage]:
+    """A session's messages with ``after < id <= through``, trimmed or not, oldest first."""
+    msgs = Message.__table__
+    q = select(msgs).where(msgs.c.session_id == session_id, msgs.c.id > after, msgs.c.id <= through).order_by(msgs.c.id)
+    async with engine.connect() as conn:
+        rows = (await conn.execute(q)).all()
+    return [
+        StoredMessage(
+            r.id,
+            r.session_id,
+            r.platform_message_id,
+            r.speaker_user_id,
+            r.stored_role,
+            r.display_name,
+            r.text,
+            r.said_at,
+            r.is_agent,
+        )
+        for r in rows
+    ]
