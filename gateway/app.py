@@ -18,10 +18,12 @@ from gateway.dispatch import ChannelRules, Dispatcher
 from gateway.llm.base import LLMProvider
 from gateway.memory_glue import GatewayMemory, build_memory
 from gateway.metrics import Metrics
+from gateway.notices import NoticeDelivery
 from gateway.sessions import SessionKey, SessionStore
 from gateway.turn import TurnHandler, TurnRequest, TurnResult
 from gateway.web.app import WebContext, build_web_app
 from gateway.worker import JobWorker
+from pairing.notices import NoticeOutbox
 from pairing.principal import Principal
 from pairing.store import PairingStore
 
@@ -65,6 +67,7 @@ class Gateway:
         self.turns: TurnHandler
         self.dispatcher: Dispatcher
         self.worker: JobWorker
+        self.notices: NoticeDelivery
         self.web: web.Application
 
     async def start(self, *, channels: bool = True, worker: bool = True) -> None:
@@ -107,6 +110,7 @@ class Gateway:
             )
         )
         self._build_channels()
+        self.notices = NoticeDelivery(NoticeOutbox(self.engine, clock=self.clock), lambda: self.adapters)
         if worker:
             await self.worker.start()
             await self.memory.scheduler.start()
@@ -167,9 +171,13 @@ class Gateway:
             except Exception as exc:
                 self.channel_state[name] = f"failed: {exc}"
                 log.error("channel %s failed to start: %s", name, exc)
+        if self.adapters:
+            await self.notices.start()  # tell approved people they are paired (approvals from any process)
 
     async def stop(self) -> None:
         """Stop channels, the worker and the model; close the database."""
+        if hasattr(self, "notices"):
+            await self.notices.stop()
         for name, adapter in self.adapters.items():
             try:
                 await adapter.stop()
