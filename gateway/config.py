@@ -131,6 +131,7 @@ class ServerConfig(_Model):
     dashboard_token: SecretStr | None = None
     api_users: list[ApiUser] = Field(default_factory=list)
     max_message_chars: int = Field(default=8000, ge=1)
+    openai_compat: bool = False  # POST /v1/chat/completions and GET /v1/models for api_users
 
 
 class SessionConfig(_Model):

@@ -319,4 +319,8 @@ def build_web_app(ctx: WebContext) -> web.Application:
     app.router.add_get("/", index)
     app.router.add_get("/dashboard/info", dashboard_info)
     app.router.add_static("/static/", STATIC)
+    if ctx.config.server.openai_compat:
+        from gateway.web.openai_compat import add_routes
+
+        add_routes(app)
     return app
