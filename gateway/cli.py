@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Column, Table
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -83,7 +84,7 @@ def print_table(table: Table) -> None:
 
 def fail(message: str) -> typer.Exit:
     """Print a one-line error and return the exit to raise (code 2)."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -96,7 +97,8 @@ def cli_errors(fn: Callable[..., T]) -> Callable[..., T]:
             return fn(*args, **kwargs)
         except ConfigError as exc:
             for problem in exc.problems:
-                err.print(f"[bold red]error:[/] {exc.path + ': ' if exc.path else ''}{problem}", highlight=False)
+                where = f"{exc.path}: " if exc.path else ""
+                err.print(f"[bold red]error:[/] {escape(where + problem)}", highlight=False)
             raise typer.Exit(2) from None
         except (GoclawError, PairingError, ValueError) as exc:
             raise fail(str(exc)) from None
@@ -472,5 +474,5 @@ def _usage_error(exc: Any) -> int:
     message = " ".join(str(exc.format_message()).split())
     ctx = getattr(exc, "ctx", None)
     hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-    err.print(f"[bold red]error:[/] {message}{hint}", markup=True, highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message + hint)}", highlight=False, soft_wrap=True)
     return int(getattr(exc, "exit_code", 2) or 2)

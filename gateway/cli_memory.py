@@ -107,7 +107,7 @@ def _table(records: list[MemoryRecordView], store_now: Any) -> None:
         out.print("no memory records")
         return
     table = Table(*_id_columns("id"), "scope", *_id_columns("user"), "subject", "content", "status", "said (UTC)",
-                  "source", "by")  # fmt: skip
+                  "source", *_id_columns("by"))  # fmt: skip
     for r in records:
         content = r.content if len(r.content) <= 80 else r.content[:77] + "..."
         table.add_row(

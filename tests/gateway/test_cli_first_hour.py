@@ -186,6 +186,8 @@ def test_version(home: Path) -> None:
         (("users", "add", "--name", "X", "--role", "user", "--link", "slack:1"), "unknown channel 'slack'"),
         (("pairing", "approve", "slack", "ABCD2345"), "unknown channel 'slack': use one of discord, teams, web, api"),
         (("memory", "list", "--user", "u_nope"), "no user u_nope"),
+        # Brackets in what was typed are printed as typed, not read as Rich markup.
+        (("users", "add", "--name", "X", "--role", "[owner]"), "unknown role '[owner]'"),
     ],
 )
 def test_errors_are_one_line(home: Path, args: tuple[str, ...], message: str) -> None:
