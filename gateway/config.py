@@ -50,6 +50,13 @@ class UnresolvedSecret(SecretStr):
         """Raises ConfigError: the variable was not set when the config was loaded."""
         raise ConfigError([self.problem()])
 
+    # Comparing or hashing a config must not read the secret.
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UnresolvedSecret) and (other.variable, other.where) == (self.variable, self.where)
+
+    def __hash__(self) -> int:
+        return hash((self.variable, self.where))
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
