@@ -19,11 +19,13 @@ from gateway.idle import IdleExtractor
 from gateway.llm.base import LLMProvider
 from gateway.memory_glue import GatewayMemory, build_memory
 from gateway.metrics import Metrics
+from gateway.notices import NoticeDelivery
 from gateway.sessions import SessionKey, SessionStore
 from gateway.turn import TurnHandler, TurnRequest, TurnResult
 from gateway.web.app import WebContext, build_web_app
 from gateway.web.dashboard import mount_dashboard
 from gateway.worker import JobWorker
+from pairing.notices import NoticeOutbox
 from pairing.principal import Principal
 from pairing.store import PairingStore
 
@@ -68,6 +70,7 @@ class Gateway:
         self.dispatcher: Dispatcher
         self.worker: JobWorker
         self.idle: IdleExtractor
+        self.notices: NoticeDelivery
         self.web: web.Application
 
     async def start(self, *, channels: bool = True, worker: bool = True) -> None:
@@ -117,6 +120,7 @@ class Gateway:
         )
         mount_dashboard(self.web, self)
         self._build_channels()
+        self.notices = NoticeDelivery(NoticeOutbox(self.engine, clock=self.clock), lambda: self.adapters)
         if worker:
             await self.worker.start()
             await self.idle.start()
@@ -178,9 +182,13 @@ class Gateway:
             except Exception as exc:
                 self.channel_state[name] = f"failed: {exc}"
                 log.error("channel %s failed to start: %s", name, exc)
+        if self.adapters:
+            await self.notices.start()  # tell approved people they are paired (approvals from any process)
 
     async def stop(self) -> None:
         """Stop channels, the worker and the model; close the database."""
+        if hasattr(self, "notices"):
+            await self.notices.stop()
         for name, adapter in self.adapters.items():
             try:
                 await adapter.stop()

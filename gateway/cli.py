@@ -12,13 +12,15 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
+from rich.table import Column, Table
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.config import Config, find_config_path, load_config
+from gateway import cli_ids
+from gateway.config import Config, check_secrets, find_config_path, load_config
 from gateway.db import make_engine, upgrade
 from gateway.errors import ConfigError, DatabaseUnavailable, GoclawError
-from pairing.store import PairingError, PairingStore
+from pairing.store import PairingError, PairingStore, UserView, parse_identity
 
 app = typer.Typer(help="goclaw: a chat gateway whose agent learns safely.", no_args_is_help=True, add_completion=False)
 config_app = typer.Typer(help="Check the configuration.", no_args_is_help=True)
@@ -49,9 +51,40 @@ ConfigOpt = typer.Option(None, "--config", "-c", help="Config file (else $GOCLAW
 JsonOpt = typer.Option(False, "--json", help="Print JSON.")
 
 
+KNOWN_CHANNELS = ("discord", "teams", "web", "api")
+"""The channels a person can be paired or linked on."""
+
+
+def known_channel(channel: str) -> str:
+    """``channel`` lower-cased, or a ValueError naming the known ones."""
+    name = channel.strip().lower()
+    if name not in KNOWN_CHANNELS:
+        raise ValueError(f"unknown channel {channel!r}: use one of {', '.join(KNOWN_CHANNELS)}")
+    return name
+
+
+def known_identity(spec: str) -> str:
+    """``CHANNEL:PLATFORM_ID`` whose channel is a known one."""
+    channel, platform_id = parse_identity(spec)
+    return f"{known_channel(channel)}:{platform_id}"
+
+
+def id_column(header: str) -> Column:
+    """A table column for ids: never cut (see :func:`print_table`), so it can be copied."""
+    return Column(header, no_wrap=True, overflow="fold")
+
+
+def print_table(table: Table) -> None:
+    """Print ``table`` with each id column as wide as its longest id, however narrow the terminal."""
+    for column in table.columns:
+        if column.no_wrap and column.overflow == "fold":
+            column.min_width = max([len(str(column.header)), *(len(str(c)) for c in column.cells)])
+    out.print(table)
+
+
 def fail(message: str) -> typer.Exit:
     """Print a one-line error and return the exit to raise (code 2)."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -64,7 +97,8 @@ def cli_errors(fn: Callable[..., T]) -> Callable[..., T]:
             return fn(*args, **kwargs)
         except ConfigError as exc:
             for problem in exc.problems:
-                err.print(f"[bold red]error:[/] {exc.path + ': ' if exc.path else ''}{problem}", highlight=False)
+                where = f"{exc.path}: " if exc.path else ""
+                err.print(f"[bold red]error:[/] {escape(where + problem)}", highlight=False)
             raise typer.Exit(2) from None
         except (GoclawError, PairingError, ValueError) as exc:
             raise fail(str(exc)) from None
@@ -99,6 +133,11 @@ def run_with_store(config: str | None, body: Callable[[PairingStore], Awaitable[
     return with_engine(load(config), lambda engine: body(PairingStore(engine)))
 
 
+def run_with_pairing(config: str | None, body: Callable[[PairingStore, AsyncEngine], Awaitable[T]]) -> T:
+    """Like :func:`run_with_store`, with the engine too (to resolve id prefixes)."""
+    return with_engine(load(config), lambda engine: body(PairingStore(engine), engine))
+
+
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine, mapping database failures to one line."""
     try:
@@ -122,6 +161,7 @@ def serve(config: str | None = ConfigOpt) -> None:
     from gateway.server import serve_forever
 
     cfg = load(config)
+    check_secrets(cfg)
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for warning in cfg.warnings:
         logging.getLogger("goclaw").warning(warning)
@@ -141,6 +181,7 @@ def config_check(config: str | None = ConfigOpt) -> None:
     """Validate the config; print OK or every problem (exit 2)."""
     path = find_config_path(config)
     cfg = load(config)
+    check_secrets(cfg)
     out.print(f"OK: {path} (llm: {cfg.llm.provider}, database: {cfg.database.url.split('://')[0]})", highlight=False)
 
 
@@ -169,7 +210,8 @@ def users_add(
     config: str | None = ConfigOpt,
 ) -> None:
     """Add a person with a role, optionally linked to platform identities."""
-    user = run_with_store(config, lambda s: s.add_user(name, role, links=link, by="operator"))
+    links = [known_identity(spec) for spec in link]
+    user = run_with_store(config, lambda s: s.add_user(name, role, links=links, by="operator"))
     if as_json:
         print_json({"id": user.id})
     else:
@@ -184,17 +226,21 @@ def users_list(as_json: bool = JsonOpt, config: str | None = ConfigOpt) -> None:
     if as_json:
         print_json([u.as_json() for u in users])
         return
-    table = Table("id", "name", "role", "identities", "created")
+    table = Table(id_column("id"), "name", "role", "identities", "created")
     for u in users:
         table.add_row(u.id, u.display_name, u.role.value, ", ".join(u.identities), f"{u.created_at:%Y-%m-%d %H:%M}")
-    out.print(table)
+    print_table(table)
 
 
 @users_app.command("role")
 @cli_errors
 def users_role(user_id: str, role: str, config: str | None = ConfigOpt) -> None:
     """Change a person's role (recorded with who and when)."""
-    user = run_with_store(config, lambda s: s.set_role(user_id, role, by="operator"))
+
+    async def body(s: PairingStore, engine: AsyncEngine) -> UserView:
+        return await s.set_role(await cli_ids.user_id(engine, user_id), role, by="operator")
+
+    user = run_with_pairing(config, body)
     out.print(f"{user.id} ({user.display_name}) now has role {user.role.value}", highlight=False)
 
 
@@ -202,7 +248,12 @@ def users_role(user_id: str, role: str, config: str | None = ConfigOpt) -> None:
 @cli_errors
 def users_link(user_id: str, identity: str, config: str | None = ConfigOpt) -> None:
     """Link CHANNEL:PLATFORM_ID to an existing person."""
-    user = run_with_store(config, lambda s: s.link(user_id, identity))
+    spec = known_identity(identity)
+
+    async def body(s: PairingStore, engine: AsyncEngine) -> UserView:
+        return await s.link(await cli_ids.user_id(engine, user_id), spec)
+
+    user = run_with_pairing(config, body)
     out.print(f"{user.id} is linked to {', '.join(user.identities)}", highlight=False)
 
 
@@ -220,10 +271,10 @@ def pairing_list(as_json: bool = JsonOpt, config: str | None = ConfigOpt) -> Non
     if not pending:
         out.print("no pending pairing requests")
         return
-    table = Table("channel", "code", "platform id", "name", "expires (UTC)")
+    table = Table("channel", id_column("code"), id_column("platform id"), "name", "expires (UTC)")
     for p in pending:
         table.add_row(p.channel, p.code, p.platform_user_id, p.display_name, f"{p.expires_at:%Y-%m-%d %H:%M}")
-    out.print(table)
+    print_table(table)
 
 
 @pairing_app.command("approve")
@@ -236,15 +287,27 @@ def pairing_approve(
     config: str | None = ConfigOpt,
 ) -> None:
     """Approve a pairing code: a new person with --role, or linked to --user."""
-    view = run_with_store(config, lambda s: s.approve(channel.lower(), code, role=role, user_id=user, by="operator"))
-    out.print(f"approved: {view.id} ({view.display_name}), role {view.role.value}", highlight=False)
+    name = known_channel(channel)
+
+    async def body(s: PairingStore, engine: AsyncEngine) -> UserView:
+        existing = await cli_ids.user_id(engine, user) if user is not None else None
+        # The store's approve records the notice that tells the person (delivered by the running gateway).
+        return await s.approve(name, code, role=role, user_id=existing, by="operator")
+
+    view = run_with_pairing(config, body)
+    out.print(
+        f"approved: {view.id} ({view.display_name}), role {view.role.value}; "
+        "they are told on their channel when the gateway is running",
+        highlight=False,
+    )
 
 
 @pairing_app.command("reject")
 @cli_errors
 def pairing_reject(channel: str, code: str, config: str | None = ConfigOpt) -> None:
     """Reject a pairing code."""
-    req = run_with_store(config, lambda s: s.reject(channel.lower(), code, by="operator"))
+    name = known_channel(channel)
+    req = run_with_store(config, lambda s: s.reject(name, code, by="operator"))
     out.print(f"rejected {req.code} from {req.display_name}", highlight=False)
 
 
@@ -277,12 +340,12 @@ def archives_list(
     if as_json:
         print_json(data)
         return
-    table = Table("id", "session", "from (UTC)", "to", "trust", "messages")
+    table = Table(id_column("id"), id_column("session"), "from (UTC)", "to", "trust", "messages")
     for a in rows:
         table.add_row(
             a.id, a.session_id, f"{a.start_at:%Y-%m-%d %H:%M}", f"{a.end_at:%H:%M}", a.trust, str(a.message_count)
         )
-    out.print(table)
+    print_table(table)
 
 
 @archives_app.command("export")
@@ -327,7 +390,7 @@ def chat_command(
         gw = Gateway(cfg)
         await gw.start(channels=False)
         try:
-            principal = await gw.pairing.principal_for_user(as_user)
+            principal = await gw.pairing.principal_for_user(await cli_ids.user_id(gw.engine, as_user))
             out.print(
                 f"Chatting with {cfg.agent.name} as {principal.display_name} ({as_user}, "
                 f"role {principal.stored_role}). Ctrl-D to leave.",
@@ -342,7 +405,7 @@ def chat_command(
                     continue
                 result = await gw.turns.handle(
                     TurnRequest(
-                        key=SessionKey("cli", f"{as_user}/{session}"),
+                        key=SessionKey("cli", f"{principal.user_id}/{session}"),
                         principal=principal,
                         text=line,
                         message_id="cli-" + secrets.token_hex(8),
@@ -366,6 +429,50 @@ def _prompt_line() -> str | None:
         return None
 
 
-def main() -> None:
-    """Entry point of the ``goclaw`` console script."""
-    app()
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("goclaw")
+        except PackageNotFoundError:
+            from gateway import __version__ as number
+        out.print(f"goclaw {number}", highlight=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    _version_flag: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """goclaw: a chat gateway whose agent learns safely."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``goclaw`` console script.
+
+    Usage errors (an unknown option, a missing argument) are one line on stderr
+    with exit code 2, like every other error, instead of Typer's boxed panel.
+    """
+    try:
+        code = app(args=argv, prog_name="goclaw", standalone_mode=False)
+    except typer.Abort:
+        err.print("aborted", highlight=False)
+        sys.exit(1)
+    except typer.TyperException as exc:  # Click's ClickException and UsageError
+        sys.exit(_usage_error(exc))
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_error(exc: Any) -> int:
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        # A command group called bare: its help, as before.
+        sys.stderr.write(exc.format_message().rstrip() + "\n")
+        return 2
+    message = " ".join(str(exc.format_message()).split())
+    ctx = getattr(exc, "ctx", None)
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    err.print(f"[bold red]error:[/] {escape(message + hint)}", highlight=False, soft_wrap=True)
+    return int(getattr(exc, "exit_code", 2) or 2)

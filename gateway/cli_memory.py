@@ -64,6 +64,13 @@ def _with_store(config: str | None, action: Callable[[MemoryStore], Awaitable[T]
     return _with_engine(cfg, lambda engine: action(MemoryStore(engine)))
 
 
+def _with_ids(config: str | None, action: Callable[[MemoryStore, Any], Awaitable[T]]) -> T:
+    """Like :func:`_with_store`, with the engine too, to resolve id prefixes (``gateway.cli_ids``)."""
+    from gateway.cli import load
+
+    return _with_engine(load(config), lambda engine: action(MemoryStore(engine), engine))
+
+
 def _with_engine(cfg: Config, action: Callable[[Any], Awaitable[T]]) -> T:
     """Open the database of ``cfg`` (migrating it), run ``action`` with the engine, close."""
     from gateway.cli import with_engine
@@ -79,6 +86,12 @@ def _writer(cfg: Config, store: MemoryStore) -> Any:
     return MemoryWriter(store, write_access=access, notes_review_days=cfg.memory.notes_review_days)
 
 
+def _id_columns(*names: str) -> list[Any]:
+    from gateway.cli import id_column
+
+    return [id_column(n) for n in names]
+
+
 def _print_json(value: Any) -> None:
     from gateway.cli import print_json
 
@@ -88,12 +101,13 @@ def _print_json(value: Any) -> None:
 def _table(records: list[MemoryRecordView], store_now: Any) -> None:
     from rich.table import Table
 
-    from gateway.cli import out
+    from gateway.cli import out, print_table
 
     if not records:
         out.print("no memory records")
         return
-    table = Table("id", "scope", "user", "subject", "content", "status", "said (UTC)", "source", "by")
+    table = Table(*_id_columns("id"), "scope", *_id_columns("user"), "subject", "content", "status", "said (UTC)",
+                  "source", *_id_columns("by"))  # fmt: skip
     for r in records:
         content = r.content if len(r.content) <= 80 else r.content[:77] + "..."
         table.add_row(
@@ -107,7 +121,7 @@ def _table(records: list[MemoryRecordView], store_now: Any) -> None:
             r.source,
             f"{r.author_user_id or ''} ({r.author_role or '-'})",
         )
-    out.print(table)
+    print_table(table)
 
 
 @memory_app.command("list")
@@ -124,11 +138,14 @@ def memory_list(
         if scope is not None and scope not in SCOPES:
             raise MemoryStoreError(f"unknown scope {scope!r}: use one of {', '.join(SCOPES)}")
 
-        async def action(store: MemoryStore) -> tuple[list[MemoryRecordView], Any]:
-            found = await store.list_records(scope=scope, owner_user_id=user, include_history=show_all, limit=10_000)
+        async def action(store: MemoryStore, engine: Any) -> tuple[list[MemoryRecordView], Any]:
+            from gateway import cli_ids
+
+            owner = await cli_ids.user_id(engine, user) if user is not None else None
+            found = await store.list_records(scope=scope, owner_user_id=owner, include_history=show_all, limit=10_000)
             return found, store.now()
 
-        records, now = _with_store(config, action)
+        records, now = _with_ids(config, action)
         if as_json:
             _print_json([r.as_json(now) for r in records])
         else:
@@ -162,12 +179,15 @@ def memory_show(record_id: str, as_json: bool = _JSON, config: str | None = _CON
     def body() -> None:
         from gateway.cli import out
 
-        async def action(store: MemoryStore) -> tuple[MemoryRecordView | None, list[RevisionView], Any]:
-            rec = await store.get(record_id)
-            revs = await store.revisions_for(record_id) if rec else []
+        async def action(store: MemoryStore, engine: Any) -> tuple[MemoryRecordView | None, list[RevisionView], Any]:
+            from gateway import cli_ids
+
+            rid = await cli_ids.record_id(engine, record_id)
+            rec = await store.get(rid)
+            revs = await store.revisions_for(rid) if rec else []
             return rec, revs, store.now()
 
-        rec, revisions, now = _with_store(config, action)
+        rec, revisions, now = _with_ids(config, action)
         if rec is None:
             raise MemoryStoreError(f"no memory record {record_id!r}; see 'goclaw memory list --all'")
         if as_json:
@@ -191,12 +211,13 @@ def memory_show(record_id: str, as_json: bool = _JSON, config: str | None = _CON
 def _revision_table(revisions: list[RevisionView]) -> None:
     from rich.table import Table
 
-    from gateway.cli import out
+    from gateway.cli import out, print_table
 
     if not revisions:
         out.print("no revisions")
         return
-    table = Table("id", "retired", "replaced by", "via", "cause", "run", "judge", "when (UTC)", "undone", "reason")
+    table = Table(*_id_columns("id", "retired", "replaced by"), "via", "cause", *_id_columns("run"), "judge",
+                  "when (UTC)", "undone", "reason")  # fmt: skip
     for r in revisions:
         judge = f"{r.judge_model} / {r.prompt_version}" if r.judge_model else ""
         reason = r.reason if len(r.reason) <= 60 else r.reason[:57] + "..."
@@ -205,7 +226,7 @@ def _revision_table(revisions: list[RevisionView]) -> None:
             r.id, r.retired_id, r.replacing_id or "", r.via, r.cause, r.run_id or "", judge,
             f"{r.created_at:%Y-%m-%d %H:%M}", undone, reason,
         )  # fmt: skip
-    out.print(table)
+    print_table(table)
 
 
 @revisions_app.callback(invoke_without_command=True)
@@ -252,7 +273,14 @@ def revisions_undo(
             undone = _with_store(config, lambda store: undo_revision_run(store, run, principal=OPERATOR))
         else:
             assert revision_id is not None
-            undone = _with_store(config, lambda store: undo_revision(store, revision_id, principal=OPERATOR))
+            given = revision_id
+
+            async def undo_one(store: MemoryStore, engine: Any) -> Any:
+                from gateway import cli_ids
+
+                return await undo_revision(store, await cli_ids.revision_id(engine, given), principal=OPERATOR)
+
+            undone = _with_ids(config, undo_one)
         if as_json:
             _print_json(
                 {
@@ -287,7 +315,12 @@ def memory_retract(
         from gateway.cli import out
         from memory.review import retract_note
 
-        rec = _with_store(config, lambda store: retract_note(store, OPERATOR, record_id, reason=reason))
+        async def action(store: MemoryStore, engine: Any) -> MemoryRecordView:
+            from gateway import cli_ids
+
+            return await retract_note(store, OPERATOR, await cli_ids.record_id(engine, record_id), reason=reason)
+
+        rec = _with_ids(config, action)
         if as_json:
             _print_json(rec.as_json())
         else:
@@ -325,7 +358,7 @@ def review_list(ctx: typer.Context, as_json: bool = _JSON, config: str | None = 
     _guarded(body)
 
 
-def _review_action(record_id: str, config: str | None, as_json: bool, confirm: bool, reason: str = "") -> None:
+def _review_action(given_id: str, config: str | None, as_json: bool, confirm: bool, reason: str = "") -> None:
     from gateway.cli import load, out
     from gateway.llm.factory import make_provider
     from gateway.scheduler import judge_model
@@ -335,8 +368,11 @@ def _review_action(record_id: str, config: str | None, as_json: bool, confirm: b
     cfg = load(config)
 
     async def action(engine: Any) -> dict[str, Any]:
+        from gateway import cli_ids
+
         store = MemoryStore(engine)
         writer = _writer(cfg, store)
+        record_id = await cli_ids.record_id(engine, given_id)
         if not confirm:
             rec = await reject_learned(writer, OPERATOR, record_id, reason=reason)
             return {"record": rec.as_json(), "text": f"rejected {rec.id}: kept as rejected, never used"}

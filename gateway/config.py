@@ -1,8 +1,10 @@
 """The operator's YAML config, validated by pydantic models.
 
 Errors name the dotted key path and its line in the file, with a did-you-mean
-for a misspelt key. Secrets are ``${ENV_VAR}`` references resolved at load and
-held as ``SecretStr``.
+for a misspelt key. Secrets are ``${ENV_VAR}`` references held as ``SecretStr``;
+a reference to an unset variable in a secret is kept as an :class:`UnresolvedSecret`
+and fails only when the secret is used (:func:`check_secrets` before serving, or
+reading it), so a command that never uses a secret does not need it set.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from sqlalchemy.engine import make_url
 
 from gateway.errors import ConfigError
 from pairing.admission import DmPolicy, GroupPolicy
@@ -26,6 +29,33 @@ RETIRED_SETTINGS = {
         "are dropped by the memory policy; remove the key"
     ),
 }
+
+
+class UnresolvedSecret(SecretStr):
+    """A secret whose ``${VAR}`` is unset: reading it is a :class:`ConfigError` naming the variable and key."""
+
+    def __init__(self, variable: str, where: str) -> None:
+        super().__init__("")
+        self.variable = variable
+        self.where = where
+
+    def problem(self) -> str:
+        """The one line an operator reads: which key, which line, which variable."""
+        return (
+            f"{self.where}: environment variable {self.variable} is not set "
+            f"(export it, or write ${{{self.variable}:-default}})"
+        )
+
+    def get_secret_value(self) -> str:
+        """Raises ConfigError: the variable was not set when the config was loaded."""
+        raise ConfigError([self.problem()])
+
+    # Comparing or hashing a config must not read the secret.
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UnresolvedSecret) and (other.variable, other.where) == (self.variable, self.where)
+
+    def __hash__(self) -> int:
+        return hash((self.variable, self.where))
 
 
 class _Model(BaseModel):
@@ -93,6 +123,8 @@ class ApiUser(_Model):
     @field_validator("token")
     @classmethod
     def _long_enough(cls, v: SecretStr) -> SecretStr:
+        if isinstance(v, UnresolvedSecret):
+            return v  # checked when it is used (check_secrets)
         if len(v.get_secret_value()) < 16:
             raise ValueError("API tokens must be at least 16 characters")
         return v
@@ -106,6 +138,7 @@ class ServerConfig(_Model):
     dashboard_token: SecretStr | None = None
     api_users: list[ApiUser] = Field(default_factory=list)
     max_message_chars: int = Field(default=8000, ge=1)
+    openai_compat: bool = False  # POST /v1/chat/completions and GET /v1/models for api_users
     # Bearer token for /metrics on a non-loopback host (open on loopback).
     metrics_token: SecretStr | None = None
     # Browser origins besides the server's own that may POST or open the WebSocket (a reverse proxy's URL).
@@ -124,8 +157,9 @@ class ServerConfig(_Model):
     @field_validator("dashboard_token", "metrics_token")
     @classmethod
     def _secret_long_enough(cls, v: SecretStr | None) -> SecretStr | None:
-        # A short shared secret is guessable; the same rule as API tokens.
-        if v is not None and len(v.get_secret_value()) < 16:
+        # A short shared secret is guessable; the same rule as API tokens. An unset
+        # ${VAR} is checked when the secret is used (UnresolvedSecret), not here.
+        if v is not None and not isinstance(v, UnresolvedSecret) and len(v.get_secret_value()) < 16:
             raise ValueError("this token must be at least 16 characters")
         return v
 
@@ -257,7 +291,37 @@ class Config(_Model):
 
 
 def _secret(v: SecretStr | None) -> str:
+    # An unresolved reference counts as "given" here; using it names the variable.
+    if isinstance(v, UnresolvedSecret):
+        return "${" + v.variable + "}"
     return v.get_secret_value() if v is not None else ""
+
+
+def secrets_in_use(cfg: Config) -> list[SecretStr | None]:
+    """The secrets a running gateway reads with this config (``serve``, ``config check``)."""
+    used: list[SecretStr | None] = [
+        cfg.server.dashboard_token,
+        cfg.server.metrics_token,
+        *(u.token for u in cfg.server.api_users),
+    ]
+    if cfg.llm.provider != "builtin":
+        used.append(cfg.llm.api_key)
+    if cfg.channels.discord.enabled:
+        used.append(cfg.channels.discord.token)
+    if cfg.channels.teams.enabled:
+        used.append(cfg.channels.teams.app_password)
+    return used
+
+
+def check_secrets(cfg: Config) -> None:
+    """Fail, naming every unset variable and its key, if a secret this config uses is unresolved.
+
+    Raises:
+        ConfigError: one problem per unset variable.
+    """
+    problems = [s.problem() for s in secrets_in_use(cfg) if isinstance(s, UnresolvedSecret)]
+    if problems:
+        raise ConfigError(problems)
 
 
 # ---- loading -----------------------------------------------------------------------
@@ -284,6 +348,7 @@ def _substitute(value: Any, path: tuple[str | int, ...], env: dict[str, str], pr
     if isinstance(value, list):
         return [_substitute(v, (*path, i), env, problems, where) for i, v in enumerate(value)]
     if isinstance(value, str) and "${" in value:
+        unset: list[str] = []
 
         def repl(m: re.Match[str]) -> str:
             name, default = m.group(1), m.group(2)
@@ -291,13 +356,46 @@ def _substitute(value: Any, path: tuple[str | int, ...], env: dict[str, str], pr
                 return env[name]
             if default is not None:
                 return default
-            problems.append(
-                f"{where(path)}: environment variable {name} is not set (export it, or write ${{{name}:-default}})"
-            )
+            unset.append(name)
             return ""
 
-        return _ENV_REF.sub(repl, value)
+        resolved = _ENV_REF.sub(repl, value)
+        if not unset:
+            return resolved
+        if _is_secret_field(path):
+            # Resolved when used: a command that never reads this secret does not need it.
+            return UnresolvedSecret(unset[0], where(path))
+        problems.extend(
+            f"{where(path)}: environment variable {name} is not set (export it, or write ${{{name}:-default}})"
+            for name in unset
+        )
+        return ""
     return value
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    for c in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(c, type) and issubclass(c, BaseModel):
+            return c
+        for a in getattr(c, "__args__", ()):
+            if isinstance(a, type) and issubclass(a, BaseModel):
+                return a
+    return None
+
+
+def _is_secret_field(path: tuple[str | int, ...]) -> bool:
+    """Whether the key at ``path`` is a ``SecretStr`` setting."""
+    model: type[BaseModel] | None = Config
+    keys = [p for p in path if not isinstance(p, int)]
+    for i, part in enumerate(keys):
+        field = model.model_fields.get(part) if model is not None else None
+        if field is None:
+            return False
+        if i == len(keys) - 1:
+            ann = field.annotation
+            return ann is SecretStr or SecretStr in getattr(ann, "__args__", ())
+        model = _model_of(field.annotation)
+    return False
 
 
 def _fields_at(path: tuple[str | int, ...]) -> list[str]:
@@ -388,7 +486,24 @@ def load_config(path: str | Path, env: dict[str, str] | None = None) -> Config:
                 msg = err["msg"].removeprefix("Value error, ")
                 problems.append(f"{where(loc)}: {msg}")
         raise ConfigError(problems, str(p)) from None
-    return cfg
+    return anchor_database(cfg, p.resolve().parent)
+
+
+def anchor_database(cfg: Config, folder: Path) -> Config:
+    """``cfg`` with a relative SQLite path made absolute against ``folder`` (the config file's).
+
+    The database belongs to the config, not to the shell's current folder: the
+    CLI run from elsewhere with ``--config`` opens the gateway's database instead
+    of silently creating an empty one.
+    """
+    url = make_url(cfg.database.url)
+    db = url.database
+    if not url.drivername.startswith("sqlite") or not db or db == ":memory:" or db.startswith("file:"):
+        return cfg
+    if Path(db).is_absolute():
+        return cfg
+    anchored = url.set(database=str(folder / db)).render_as_string(hide_password=False)
+    return cfg.model_copy(update={"database": cfg.database.model_copy(update={"url": anchored})})
 
 
 def find_config_path(explicit: str | None) -> Path:

@@ -74,7 +74,9 @@ class Dispatcher:
             return None
         if admission is Admission.PAIR:
             try:
-                issued = await self.pairing.request_code(msg.channel, msg.sender_id, msg.display_name)
+                issued = await self.pairing.request_code(
+                    msg.channel, msg.sender_id, msg.display_name, conversation_id=msg.conversation_id
+                )
             except PairingError as exc:
                 return f"I can't pair you right now: {exc}."
             return pairing_reply(issued.code, msg.channel)

@@ -21,6 +21,22 @@ HELP = (
     "Commands: /pair list · /pair approve CODE [user|admin] · /pair reject CODE · "
     "/role USER_ID admin|user · /link (get a code to link another channel) · /link CODE · /whoami"
 )
+USER_HELP = (
+    "Commands: /whoami (who I know you as, and your role) · "
+    "/link (get a code to link another channel) · /link CODE · /help"
+)
+UNPAIRED_HELP = (
+    "You are not paired yet: ask an administrator to approve your pairing code. /link CODE links this account."
+)
+
+
+def help_for(principal: Principal | None) -> str:
+    """The commands ``principal`` may run, and only those (admin commands only for admins)."""
+    if is_human_admin(principal):
+        return HELP
+    if principal is not None and principal.is_human:
+        return USER_HELP
+    return UNPAIRED_HELP
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +112,7 @@ async def _run(
     args = command.args
     by = principal.user_id if principal and principal.user_id else f"{channel}:{platform_user_id}"
     if command.name == "help":
-        return HELP
+        return help_for(principal)
     if command.name == "whoami":
         assert principal is not None and principal.user_id is not None
         user = await store.get_user(principal.user_id)

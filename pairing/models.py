@@ -71,6 +71,32 @@ class PairingRequest(PairingBase):
     decided_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
     decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     user_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # Where the code was asked for, so the person can be told when it is approved.
+    conversation_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+
+
+class PairingNotice(PairingBase):
+    """An outbox row: tell a person on their channel that they are paired, and as what.
+
+    Written in the same transaction as the approval; a running gateway delivers it
+    through the channel's adapter (``status``: pending, sent, failed, undeliverable).
+    """
+
+    __tablename__ = "pairing_notices"
+    __table_args__ = (Index("ix_pairing_notices_status", "status", "channel"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    channel: Mapped[str] = mapped_column(String(32))
+    platform_user_id: Mapped[str] = mapped_column(String(200))
+    conversation_id: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    user_id: Mapped[str] = mapped_column(String(40))
+    text: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    attempts: Mapped[int] = mapped_column(default=0, server_default="0")
+    status: Mapped[str] = mapped_column(String(16), default="pending", server_default="pending")
+    done_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    detail: Mapped[str] = mapped_column(Text, default="", server_default="")
 
 
 class RoleChange(PairingBase):

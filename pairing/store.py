@@ -11,7 +11,8 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from pairing.models import Identity, LinkCode, PairingAudit, PairingRequest, RoleChange, User
+from pairing.models import Identity, LinkCode, PairingAudit, PairingNotice, PairingRequest, RoleChange, User
+from pairing.notices import paired_text
 from pairing.principal import Principal, Role
 
 log = logging.getLogger(__name__)
@@ -224,8 +225,14 @@ class PairingStore:
 
     # ---- pairing codes -------------------------------------------------------
 
-    async def request_code(self, channel: str, platform_user_id: str, display_name: str) -> CodeIssued:
-        """Give an unknown sender a pairing code; a repeat DM gets the same code back."""
+    async def request_code(
+        self, channel: str, platform_user_id: str, display_name: str, *, conversation_id: str | None = None
+    ) -> CodeIssued:
+        """Give an unknown sender a pairing code; a repeat DM gets the same code back.
+
+        ``conversation_id`` is where they asked (their DM with the bot): where
+        they are told once an admin approves the code.
+        """
         now = self.now()
         async with self._sessions.begin() as s:
             pending = (
@@ -239,6 +246,8 @@ class PairingStore:
             ).all()
             for req in pending:
                 if req.platform_user_id == platform_user_id:
+                    if conversation_id:
+                        req.conversation_id = conversation_id
                     return CodeIssued(req.code, req.expires_at, new=False)
             if len(pending) >= MAX_PENDING_PER_CHANNEL:
                 raise PairingError(
@@ -253,6 +262,7 @@ class PairingStore:
                 created_at=now,
                 expires_at=now + CODE_TTL,
                 status="pending",
+                conversation_id=conversation_id,
             )
             s.add(req)
         log.info("pairing code issued on %s for %s", channel, platform_user_id)
@@ -277,6 +287,9 @@ class PairingStore:
         """Approve a pending code: a new person with ``role``, or linked to ``user_id``.
 
         ``channel`` None accepts a code from any channel (an admin approving by DM).
+        Every approval (CLI, DM command, dashboard) comes through here, and in the
+        same transaction records a :class:`PairingNotice` telling the person they
+        are paired and as what; a running gateway delivers it on their channel.
         """
         role = Role.parse(role) if isinstance(role, str) else role
         now = self.now()
@@ -296,6 +309,19 @@ class PairingStore:
                 s.add(RoleChange(user_id=user.id, old_role=None, new_role=role.value, changed_by=by, changed_at=now))
             s.add(Identity(channel=req.channel, platform_user_id=req.platform_user_id, user_id=user.id, linked_at=now))
             req.status, req.decided_by, req.decided_at, req.user_id = "approved", by, now, user.id
+            s.add(
+                PairingNotice(
+                    channel=req.channel,
+                    platform_user_id=req.platform_user_id,
+                    conversation_id=req.conversation_id,
+                    user_id=user.id,
+                    text=paired_text(user.display_name, user.id, Role(user.role), linked=user_id is not None),
+                    created_at=now,
+                    attempts=0,
+                    status="pending",
+                    detail="",
+                )
+            )
             uid = user.id
         log.info("pairing %s approved by %s as %s", _norm_code(code), by, uid)
         return await self.get_user(uid)

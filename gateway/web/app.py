@@ -288,4 +288,8 @@ def build_web_app(ctx: WebContext) -> web.Application:
     app.router.add_get("/v1/sessions/{id}/messages", session_messages)
     app.router.add_get("/v1/ws", websocket)
     app.router.add_static("/static/", STATIC)
+    if ctx.config.server.openai_compat:
+        from gateway.web.openai_compat import add_routes
+
+        add_routes(app)
     return app

@@ -79,7 +79,7 @@ def test_pairing_list_approve_reject_via_cli(workdir: Path) -> None:
     ("args", "message"),
     [
         (("pairing", "approve", "discord", "NOPE2345"), "no pairing code NOPE2345"),
-        (("users", "role", "u_missing", "admin"), "no user 'u_missing'"),
+        (("users", "role", "u_missing", "admin"), "no user u_missing"),
         (("users", "add", "--name", "X", "--role", "owner"), "unknown role 'owner'"),
         (("users", "link", "u_missing", "discord"), "CHANNEL:PLATFORM_ID"),
     ],
@@ -148,7 +148,8 @@ def test_unwritable_data_folder_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text("database:\n  url: sqlite+aiosqlite:///data/sub/goclaw.db\n")
     result = goclaw("users", "add", "--name", "A", "--role", "user", cwd=tmp_path)
     assert result.returncode == 2
-    assert "cannot create the database folder data/sub" in result.stderr
+    # The relative path is the config file's folder's, and the error names it in full.
+    assert f"cannot create the database folder {tmp_path / 'data' / 'sub'}" in result.stderr
 
 
 def test_unreachable_postgres_is_a_clear_error(tmp_path: Path) -> None:
