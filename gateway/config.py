@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from gateway.automation.config import AutomationConfig
 from gateway.errors import ConfigError
 from pairing.admission import DmPolicy, GroupPolicy
 from pairing.principal import Role
@@ -221,6 +222,7 @@ class Config(_Model):
     session: SessionConfig = Field(default_factory=SessionConfig)
     channels: ChannelsConfig = Field(default_factory=ChannelsConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    automation: AutomationConfig = Field(default_factory=AutomationConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     # Set by the loader, not by YAML.

@@ -133,6 +133,7 @@ class TurnResult:
     failed: bool = False
     trimmed: TrimResult | None = None
     used_memory: tuple[str, ...] = field(default=())
+    model_calls: int = 0  # model requests this turn made (tool rounds included); SOP run history shows it
 
 
 ChunkSink = Callable[[str], Awaitable[None]]
@@ -250,7 +251,7 @@ class TurnHandler:
             req.principal, session_id=session_id, message_id=req.message_id, said_at=req.said_at, run=req.run
         )
         try:
-            reply = await self._call_model(messages, tools, req.principal)
+            reply, model_calls = await self._call_model(messages, tools, req.principal)
         except LLMUnavailable as exc:
             self.metrics.llm_errors.labels(self.provider.name).inc()
             log.error("session %s: model unavailable: %s", session_id, exc)
@@ -261,9 +262,11 @@ class TurnHandler:
         if on_chunk:
             for chunk in _chunks(reply):
                 await on_chunk(chunk)
-        return TurnResult(session_id, reply, used_memory=mem.used_ids)
+        return TurnResult(session_id, reply, used_memory=mem.used_ids, model_calls=model_calls)
 
-    async def _call_model(self, messages: list[ChatMessage], tools: list[Tool], principal: Principal) -> str:
+    async def _call_model(
+        self, messages: list[ChatMessage], tools: list[Tool], principal: Principal
+    ) -> tuple[str, int]:
         from gateway.llm.loop import run_tool_loop
 
         self.metrics.llm_calls.labels(self.provider.name).inc()
@@ -271,7 +274,7 @@ class TurnHandler:
             self.provider, messages, tools, principal, max_steps=self.config.llm.max_tool_steps
         )
         text = result.text.strip()
-        return text or "(the model gave no answer)"
+        return text or "(the model gave no answer)", result.steps
 
     def _history_messages(self, history: list[StoredMessage], current: StoredMessage) -> list[ChatMessage]:
         """Newest history that fits the budget; people's lines carry their stored identity."""
