@@ -54,6 +54,7 @@ class SopScheduler:
         # A due time further back than this was missed (the gateway was down), not merely reached late.
         self.grace = max(MIN_GRACE, timedelta(seconds=2 * poll_seconds))
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     async def step(self) -> list[RunView]:
         """One pass: hooks, then every due SOP. Returns the runs this process claimed."""
@@ -77,7 +78,7 @@ class SopScheduler:
                     trigger=kind,
                     due_at=decision.due_at,
                     status="skipped",
-                    error=f"missed {decision.missed + 1} due run(s) while the gateway was down (catch_up: skip)",
+                    error=f"missed {decision.missed} due run(s) while the gateway was down (catch_up: skip)",
                 )
             await self.store.advance(sop.name, sop.next_due_at, decision.next_due)
             if claim.run is None:
@@ -96,12 +97,22 @@ class SopScheduler:
     async def start(self) -> None:
         """Start the loop."""
         if self._task is None:
+            self._stopping.clear()
             self._task = asyncio.create_task(self._loop(), name="sop-scheduler")
 
     async def stop(self) -> None:
-        """Stop the loop (runs in progress are the runner's to stop)."""
+        """Stop the loop between steps (runs in progress are the runner's to stop).
+
+        A step is never cut between claiming a run and starting it: that would
+        leave a claimed run that never ran.
+        """
         task, self._task = self._task, None
-        if task is not None:
+        if task is None:
+            return
+        self._stopping.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout=30)
+        except TimeoutError:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -112,10 +123,16 @@ class SopScheduler:
         return self._task is not None
 
     async def _loop(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             try:
                 await self.step()
             except Exception:
                 # A database hiccup must not end the schedule; the next step tries again.
                 log.exception("sop scheduler: step failed")
-            await self.sleep(self.poll_seconds)
+            wait = asyncio.ensure_future(self.sleep(self.poll_seconds))
+            stop = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait({wait, stop}, return_when=asyncio.FIRST_COMPLETED)
+            for pending in (wait, stop):
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
