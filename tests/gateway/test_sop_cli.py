@@ -120,3 +120,30 @@ def test_a_bad_sop_in_the_config_names_key_and_line(workdir: Path) -> None:
     result = goclaw("sop", "list", cwd=workdir)
     assert result.returncode == 2
     assert "automation.sops.0.trigger.cron (line" in result.stderr and "day of week field '8'" in result.stderr
+
+
+def test_run_of_a_held_sop_is_refused_naming_the_obligation(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The real holds check is memory's obligations router (wired by the gateway); here a
+    # gateway whose holds function holds 'summary' under one obligation.
+    from typer.testing import CliRunner
+
+    import gateway.app
+    from gateway.cli import app
+
+    class HeldGateway(gateway.app.Gateway):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+            async def holds(name: str) -> str | None:
+                return "obl_42" if name == "summary" else None
+
+            self.sop_holds = holds
+
+    monkeypatch.setattr(gateway.app, "Gateway", HeldGateway)
+    monkeypatch.chdir(workdir)
+    result = CliRunner().invoke(app, ["sop", "run", "summary"])
+    assert result.exit_code == 2
+    assert "held by obligation obl_42" in result.output
+    assert "[offline model]" not in result.output
+    (run,) = json.loads(goclaw("sop", "runs", "--json", cwd=workdir).stdout)
+    assert (run["status"], run["held_by"], run["started_at"]) == ("held", "obl_42", None)
