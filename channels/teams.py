@@ -20,7 +20,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import jwt
 import requests
@@ -75,6 +75,20 @@ AUTH_OVERRIDE_KEYS = frozenset(
 
 class UnknownConversationError(LookupError):
     """A proactive send to a conversation the adapter has not seen since it started."""
+
+
+class ConversationReferences(Protocol):
+    """Where the adapter keeps conversation references, so proactive sends survive a restart.
+
+    The gateway implements it on its database; references are the Bot Framework
+    JSON form (``ConversationReference.serialize()``).
+    """
+
+    async def load(self, conversation_id: str) -> dict[str, Any] | None:
+        """The stored reference of a conversation, or None."""
+
+    async def save(self, conversation_id: str, reference: dict[str, Any]) -> None:
+        """Store (or refresh) a conversation's reference."""
 
 
 class TeamsSendError(RuntimeError):
@@ -311,6 +325,7 @@ class TeamsAdapter:
         typing_interval: float = 3.0,
         stop_timeout: float = 30.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        references: ConversationReferences | None = None,
     ) -> None:
         """Keep the settings; nothing is contacted until :meth:`start`.
 
@@ -330,6 +345,8 @@ class TeamsAdapter:
             typing_interval: Seconds between typing indicators while the handler runs.
             stop_timeout: Seconds :meth:`stop` waits for turns in progress.
             sleep: Awaited between retries; tests pass a recorder.
+            references: Where conversation references are kept across restarts
+                (None: in memory only, since start).
 
         Raises:
             ValueError: Only one of ``app_id`` / ``app_password`` is set, or an
@@ -355,6 +372,7 @@ class TeamsAdapter:
         self._sleep = sleep
         self._cloud: CloudAdapter | None = None
         self._references: OrderedDict[str, ConversationReference] = OrderedDict()
+        self._reference_store = references
         self._turns: set[asyncio.Task[None]] = set()
 
     @property
@@ -456,7 +474,7 @@ class TeamsAdapter:
                 activity.conversation.id if activity.conversation else None,
             )
             return web.Response(status=200)
-        self._remember(activity)
+        await self._persist(self._remember(activity))
         if activity.type != ActivityTypes.message:
             log.debug("teams: acknowledged %s activity", activity.type)
             return web.Response(status=200)
@@ -482,6 +500,7 @@ class TeamsAdapter:
         cloud = self._cloud
         if cloud is None:
             raise RuntimeError("teams adapter is not running")
+        await self._load_references(message.conversation_id, message.thread_id)
         reference = self._reference_for(message.conversation_id, message.thread_id)
         activities = reply_to_activities(message.text)
         if not activities:
@@ -581,10 +600,11 @@ class TeamsAdapter:
 
     # ---- conversation references for proactive sends ------------------------------
 
-    def _remember(self, activity: Activity) -> None:
+    def _remember(self, activity: Activity) -> list[str]:
+        """Remember the activity's conversation; the keys stored (for :meth:`_persist`)."""
         conversation = activity.conversation
         if conversation is None or not conversation.id or not activity.service_url:
-            return
+            return []
         reference = TurnContext.get_conversation_reference(activity)
         reference.activity_id = None  # a proactive message starts fresh, it replies to nothing
         self._store(conversation.id, reference)
@@ -594,6 +614,32 @@ class TeamsAdapter:
             channel = copy.deepcopy(reference)
             channel.conversation.id = base_id
             self._store(base_id, channel)
+            return [conversation.id, base_id]
+        return [conversation.id]
+
+    async def _persist(self, keys: list[str]) -> None:
+        if self._reference_store is None:
+            return
+        for key in keys:
+            try:
+                await self._reference_store.save(key, self._references[key].serialize())
+            except Exception:
+                # Losing a reference costs only proactive sends to it until it speaks again.
+                log.exception("teams: could not store the conversation reference of %s", key)
+
+    async def _load_references(self, conversation_id: str, thread_id: str | None) -> None:
+        """Bring stored references of a conversation (and its reply chain) into memory, if not there."""
+        if self._reference_store is None:
+            return
+        keys = [conversation_id]
+        if thread_id and _THREAD_MARKER not in conversation_id:
+            keys.insert(0, f"{conversation_id}{_THREAD_MARKER}{thread_id}")
+        for key in keys:
+            if key in self._references:
+                continue
+            stored = await self._reference_store.load(key)
+            if stored is not None:
+                self._store(key, ConversationReference().deserialize(stored))
 
     def _store(self, key: str, reference: ConversationReference) -> None:
         self._references[key] = reference

@@ -12,6 +12,11 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from channels.base import ChannelAdapter
+from gateway.automation.delivery import deliver
+from gateway.automation.payload import PayloadGuard
+from gateway.automation.runner import Holds
+from gateway.automation.scheduler import Hook
+from gateway.automation.service import Automation
 from gateway.config import Config, DiscordConfig, TeamsConfig
 from gateway.db import make_engine, upgrade
 from gateway.dispatch import ChannelRules, Dispatcher
@@ -24,6 +29,7 @@ from gateway.sessions import SessionKey, SessionStore
 from gateway.turn import TurnHandler, TurnRequest, TurnResult
 from gateway.web.app import WebContext, build_web_app
 from gateway.web.dashboard import mount_dashboard
+from gateway.web.hooks import add_hook_routes
 from gateway.worker import JobWorker
 from pairing.notices import NoticeOutbox
 from pairing.principal import Principal
@@ -72,6 +78,10 @@ class Gateway:
         self.idle: IdleExtractor
         self.notices: NoticeDelivery
         self.web: web.Application
+        self.automation: Automation
+        # Set before start() (the lead wires memory's obligations router here).
+        self.sop_holds: Holds | None = None
+        self.sop_before_step: list[Hook] = []
 
     async def start(self, *, channels: bool = True, worker: bool = True) -> None:
         """Migrate the database, open the model, build the turn and web app, start channels and the worker."""
@@ -95,11 +105,23 @@ class Gateway:
             config=self.config,
             sessions=self.sessions,
             provider=self.provider,
-            memory=self.memory,
+            memory=(guard := PayloadGuard(self.memory)),
             metrics=self.metrics,
             clock=self.clock,
             on_trim=lambda _r: self.worker.wake(),
         )
+        self.automation = Automation(
+            config=self.config.automation,
+            max_message_chars=self.config.server.max_message_chars,
+            engine=self.engine,
+            turns=self.turns,
+            clock=self.clock,
+            guard=guard,
+            holds=self.sop_holds,
+            before_step=self.sop_before_step,
+            deliver=lambda target, text: deliver(self.adapters, target, text),
+        )
+        await self.automation.sync_config()
         self.dispatcher = Dispatcher(
             pairing=self.pairing,
             turns=self.turns,
@@ -119,12 +141,14 @@ class Gateway:
             )
         )
         mount_dashboard(self.web, self)
+        add_hook_routes(self.web, self.automation)
         self._build_channels()
         self.notices = NoticeDelivery(NoticeOutbox(self.engine, clock=self.clock), lambda: self.adapters)
         if worker:
             await self.worker.start()
             await self.idle.start()
             await self.memory.scheduler.start()
+            await self.automation.start()
         if channels:
             await self.start_channels()
 
@@ -139,6 +163,7 @@ class Gateway:
                 handler=self.dispatcher.handle,
                 app_tenant_id=ch.teams.app_tenant_id,
                 allowed_tenants=ch.teams.allowed_tenants,
+                references=self.automation.store,  # proactive sends survive a restart
             )
             teams.add_routes(self.web)
             self.adapters["teams"] = teams
@@ -197,6 +222,8 @@ class Gateway:
             self.channel_state[name] = "stopped"
         if hasattr(self, "idle"):
             await self.idle.stop()
+        if hasattr(self, "automation"):
+            await self.automation.stop()
         if hasattr(self, "worker"):
             await self.worker.stop()
         if hasattr(self, "memory"):

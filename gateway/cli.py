@@ -1,4 +1,4 @@
-"""The ``goclaw`` command: serve, config, db, users, pairing, chat, memory."""
+"""The ``goclaw`` command: serve, config, db, users, pairing, chat, memory, sop."""
 
 from __future__ import annotations
 
@@ -42,6 +42,15 @@ def _mount_memory() -> None:
 
 
 _mount_memory()
+
+
+def _mount_sop() -> None:
+    from gateway.cli_sop import sop_app
+
+    app.add_typer(sop_app, name="sop")
+
+
+_mount_sop()
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)

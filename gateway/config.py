@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from sqlalchemy.engine import make_url
 
+from gateway.automation.config import AutomationConfig
 from gateway.errors import ConfigError
 from pairing.admission import DmPolicy, GroupPolicy
 from pairing.principal import Role
@@ -279,6 +280,7 @@ class Config(_Model):
     session: SessionConfig = Field(default_factory=SessionConfig)
     channels: ChannelsConfig = Field(default_factory=ChannelsConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    automation: AutomationConfig = Field(default_factory=AutomationConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     # Set by the loader, not by YAML.

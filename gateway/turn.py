@@ -139,6 +139,7 @@ class TurnResult:
     trimmed: TrimResult | None = None
     used_memory: tuple[str, ...] = field(default=())
     turn_record_id: int | None = None  # the stored explanation of this turn (dashboard: explain a turn)
+    model_calls: int = 0  # model requests this turn made (tool rounds included); SOP run history shows it
 
 
 ChunkSink = Callable[[str], Awaitable[None]]
@@ -281,7 +282,7 @@ class TurnHandler:
         if on_chunk:
             for chunk in _chunks(reply):
                 await on_chunk(chunk)
-        return TurnResult(session_id, reply, used_memory=mem.used_ids, turn_record_id=record_id)
+        return TurnResult(session_id, reply, used_memory=mem.used_ids, turn_record_id=record_id, model_calls=loop.steps)
 
     async def _call_model(
         self, messages: list[ChatMessage], tools: list[Tool], principal: Principal
