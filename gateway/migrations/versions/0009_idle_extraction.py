@@ -1,14 +1,14 @@
 """idle extraction: each session's "extracted through" mark
 
 Revision ID: 0009_idle_extraction
-Revises: 0004_memory_time
+Revises: 0006_automation
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0009_idle_extraction"
-down_revision = "0004_memory_time"
+down_revision = "0006_automation"
 branch_labels = None
 depends_on = None
 

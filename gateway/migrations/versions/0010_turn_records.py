@@ -1,14 +1,14 @@
 """turn records for the dashboard's "explain a turn", and the indexes its memory pages page through
 
 Revision ID: 0010_turn_records
-Revises: 0004_memory_time
+Revises: 0009_idle_extraction
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0010_turn_records"
-down_revision = "0004_memory_time"
+down_revision = "0009_idle_extraction"
 branch_labels = None
 depends_on = None
 

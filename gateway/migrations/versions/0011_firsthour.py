@@ -1,14 +1,14 @@
 """the person being paired: where they asked from, and an outbox of messages telling them they are paired
 
 Revision ID: 0011_firsthour
-Revises: 0004_memory_time
+Revises: 0010_turn_records
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0011_firsthour"
-down_revision = "0004_memory_time"
+down_revision = "0010_turn_records"
 branch_labels = None
 depends_on = None
 
