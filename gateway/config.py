@@ -115,6 +115,8 @@ class SessionConfig(_Model):
     keep_messages: int = Field(default=10, ge=1)
     max_concurrent_sessions: int = Field(default=32, ge=1)
     history_token_budget: int = Field(default=6000, ge=256)
+    # At start, answer messages younger than this that a crash left unanswered (0: never).
+    resume_unanswered_seconds: int = Field(default=300, ge=0)
 
     @model_validator(mode="after")
     def _keep_below_max(self) -> SessionConfig:

@@ -111,4 +111,5 @@ class Dispatcher:
                 reply=reply,
             )
         )
-        return result.reply
+        # A platform's redelivery of an answered message is not answered twice.
+        return None if result.duplicate else result.reply

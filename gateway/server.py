@@ -10,6 +10,7 @@ from aiohttp import web
 
 from gateway.app import Gateway
 from gateway.config import Config
+from gateway.resume import resume_unanswered
 from gateway.web.app import dashboard_open
 
 log = logging.getLogger("goclaw")
@@ -31,11 +32,14 @@ async def serve_forever(cfg: Config) -> None:
             else:
                 log.warning("server.dashboard_token is not set: the web chat is disabled on a non-loopback address")
         await gw.start_channels()
+        # Answer what the last process left unanswered, without holding up the listener.
+        resume = asyncio.create_task(resume_unanswered(gw), name="goclaw-resume")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
+        resume.cancel()
     finally:
         await runner.cleanup()
         await gw.stop()

@@ -201,17 +201,23 @@ class TurnHandler:
             said_at=req.said_at,
             # Trimming keeps history below max_messages, so this reads all of it.
             history_limit=self.config.session.max_messages + 2,
+            reply_requested=req.reply,
         )
         session_id = start.session_id
         if start.stored is None:
+            # An answered redelivery gets the stored reply again, never a second model call.
             log.info("session %s: message %s already handled; ignoring redelivery", session_id, req.message_id)
-            return TurnResult(session_id, None, duplicate=True)
+            return TurnResult(session_id, start.reply, duplicate=True)
+        if start.resumed:
+            log.info(
+                "session %s: message %s was stored but never answered; answering it now", session_id, req.message_id
+            )
         result = TurnResult(session_id, None)
         live = len(start.history)
         if req.reply:
             result = await self._answer(session_id, req, start.stored, start.history, start.previous_context, on_chunk)
             live += 1  # the stored reply
-        if live > self.config.session.max_messages:
+        if live > self.config.session.max_messages or start.resumed:
             result.trimmed = await self._trim(session_id, req.principal)
         return result
 
@@ -228,7 +234,7 @@ class TurnHandler:
             req.principal, req.text, session_id=session_id, message_id=req.message_id, said_at=req.said_at
         )
         if directive_reply is not None:
-            await self._store_reply(session_id, req, directive_reply)
+            await self._store_reply(session_id, req, stored, directive_reply)
             if on_chunk:
                 await on_chunk(directive_reply)
             return TurnResult(session_id, directive_reply)
@@ -257,7 +263,7 @@ class TurnHandler:
             if on_chunk:
                 await on_chunk(UNAVAILABLE_REPLY)
             return TurnResult(session_id, UNAVAILABLE_REPLY, failed=True)
-        await self._store_reply(session_id, req, reply)
+        await self._store_reply(session_id, req, stored, reply)
         if on_chunk:
             for chunk in _chunks(reply):
                 await on_chunk(chunk)
@@ -294,10 +300,13 @@ class TurnHandler:
             out.append(ChatMessage("user", current.text))
         return out
 
-    async def _store_reply(self, session_id: str, req: TurnRequest, text: str) -> None:
+    async def _store_reply(self, session_id: str, req: TurnRequest, stored: StoredMessage, text: str) -> None:
         await self.sessions.store_message(
             session_id,
+            # A display id only: the reply's identity is its link to ``stored`` and its
+            # own namespace (is_agent), so a client id "X:reply" is never confused with it.
             platform_message_id=f"{req.message_id}:reply",
+            reply_to=stored.id,
             speaker=None,
             display_name=self.config.agent.name,
             text=text,
