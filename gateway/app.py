@@ -22,6 +22,7 @@ from gateway.sessions import SessionKey, SessionStore
 from gateway.turn import TurnHandler, TurnRequest, TurnResult
 from gateway.web.app import WebContext, build_web_app
 from gateway.worker import JobWorker
+from gateway.write_health import WriteHealth
 from pairing.principal import Principal
 from pairing.store import PairingStore
 
@@ -88,9 +89,12 @@ class Gateway:
             clock=self.clock,
             on_trim=lambda _r: self.worker.wake(),
         )
+        self.write_health = WriteHealth(self.engine)
         self.dispatcher = Dispatcher(
             pairing=self.pairing,
             turns=self.turns,
+            max_message_chars=self.config.server.max_message_chars,
+            write_health=self.write_health,
             rules={
                 "discord": channel_rules(self.config.channels.discord),
                 "teams": channel_rules(self.config.channels.teams),
@@ -104,6 +108,7 @@ class Gateway:
                 turns=self.turns,
                 metrics=self.metrics,
                 channel_status=lambda: dict(self.channel_state),
+                write_health=self.write_health,
             )
         )
         self._build_channels()

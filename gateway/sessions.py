@@ -535,7 +535,7 @@ class SessionStore:
     # ---- durable jobs -------------------------------------------------------------------
 
     async def claim_job(
-        self, worker_id: str, *, kinds: Sequence[str] = ("extract",), lease_s: float = 300
+        self, worker_id: str, *, kinds: Sequence[str] = ("extract",), lease_s: float = 30
     ) -> Job | None:
         """Claim the oldest runnable job (``FOR UPDATE SKIP LOCKED`` on PostgreSQL).
 

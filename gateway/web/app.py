@@ -16,11 +16,10 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from gateway.config import Config
-from gateway.db import check
-from gateway.errors import DatabaseUnavailable
 from gateway.metrics import Metrics
 from gateway.sessions import SessionKey, SessionStore
 from gateway.turn import TurnHandler, TurnRequest
+from gateway.write_health import RETRY_AFTER_S, STORAGE_MESSAGE, WriteHealth, storage_reason
 from pairing.principal import Principal, Role, is_human_admin
 from pairing.store import PairingError, PairingStore
 
@@ -49,6 +48,7 @@ class WebContext:
     metrics: Metrics
     channel_status: Callable[[], dict[str, str]] = field(default=lambda: {})
     extra_ready: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    write_health: WriteHealth | None = None  # built on the sessions' engine when not given
 
 
 CTX = web.AppKey("goclaw_ctx", WebContext)
@@ -136,9 +136,23 @@ async def errors_middleware(
         if exc.status < 400:
             raise
         return web.json_response({"error": exc.reason}, status=exc.status)
-    except Exception:
+    except Exception as exc:
+        reason = storage_reason(exc)
+        if reason is not None:
+            return storage_unavailable(request.app[CTX], reason)
         log.exception("unhandled error on %s %s", request.method, request.path)
         return web.json_response({"error": "internal error; it has been logged"}, status=500)
+
+
+def storage_unavailable(ctx: WebContext, reason: str) -> web.Response:
+    """503 with Retry-After for a write the database refused; logged once per burst."""
+    assert ctx.write_health is not None
+    ctx.write_health.failed(reason)
+    return web.json_response(
+        {"error": STORAGE_MESSAGE.format(reason=reason)},
+        status=503,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 async def healthz(_: web.Request) -> web.Response:
@@ -151,11 +165,13 @@ async def readyz(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     status: dict[str, Any] = {}
     ready = True
-    try:
-        await check(ctx.sessions.engine)
+    assert ctx.write_health is not None
+    # A real write (a heartbeat row, cached ~1 s): a read-only database still answers SELECT 1.
+    problem = await ctx.write_health.probe()
+    if problem is None:
         status["database"] = "ok"
-    except DatabaseUnavailable as exc:
-        status["database"] = str(exc)
+    else:
+        status["database"] = f"cannot store messages: {problem}"
         ready = False
     channels = ctx.channel_status()
     status["channels"] = channels
@@ -195,6 +211,8 @@ async def chat(request: web.Request) -> web.Response:
             display_name=principal.display_name,
         )
     )
+    assert ctx.write_health is not None
+    ctx.write_health.succeeded()  # the message (and its reply) were stored
     payload: dict[str, Any] = {"session": session, "reply": result.reply}
     if result.duplicate:
         payload["duplicate"] = True
@@ -279,7 +297,14 @@ async def websocket(request: web.Request) -> web.StreamResponse:
                 ),
                 on_chunk=send_chunk,
             )
-        except Exception:
+        except Exception as exc:
+            reason = storage_reason(exc)
+            if reason is not None:
+                assert ctx.write_health is not None
+                ctx.write_health.failed(reason)
+                error = STORAGE_MESSAGE.format(reason=reason)
+                await ws.send_json({"type": "error", "error": error, "status": 503, "retry_after": RETRY_AFTER_S})
+                continue
             log.exception("websocket turn failed")
             await ws.send_json({"type": "error", "error": "internal error; it has been logged", "status": 500})
             continue
@@ -309,6 +334,8 @@ def build_web_app(ctx: WebContext) -> web.Application:
     app = web.Application(
         middlewares=[errors_middleware], client_max_size=ctx.config.server.max_message_chars * 4 + 65536
     )
+    if ctx.write_health is None:
+        ctx.write_health = WriteHealth(ctx.sessions.engine)
     app[CTX] = ctx
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
