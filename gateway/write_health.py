@@ -92,12 +92,12 @@ class WriteHealth:
         *,
         ttl: float = 1.0,
         hold: float = 10.0,
-        monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engine = engine
         self.ttl = ttl
         self.hold = hold
-        self._monotonic = monotonic
+        self.clock = clock  # monotonic seconds; tests pass their own
         self._probe_at: float | None = None
         self._probe_error: str | None = None
         self._last_failure: float | None = None
@@ -106,7 +106,7 @@ class WriteHealth:
 
     def failed(self, reason: str) -> None:
         """A write failed: log at the start of a burst only."""
-        now = self._monotonic()
+        now = self.clock()
         self._last_failure = now
         if self._burst is None:
             self._burst = _Burst(now, reason)
@@ -123,13 +123,13 @@ class WriteHealth:
             burst, self._burst = self._burst, None
             log.warning(
                 "storage: writes work again after %.0fs; %d requests were refused meanwhile",
-                self._monotonic() - burst.started,
+                self.clock() - burst.started,
                 burst.count,
             )
 
     async def probe(self) -> str | None:
         """None when a real write works now (cached ``ttl`` seconds), else the reason it does not."""
-        now = self._monotonic()
+        now = self.clock()
         if self._probe_at is None or now - self._probe_at >= self.ttl:
             self._probe_at = now
             self._probe_error = await self._write()
