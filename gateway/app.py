@@ -129,6 +129,7 @@ class Gateway:
                 handler=self.dispatcher.handle,
                 app_tenant_id=ch.teams.app_tenant_id,
                 allowed_tenants=ch.teams.allowed_tenants,
+                allowed_service_urls=ch.teams.allowed_service_urls,
             )
             teams.add_routes(self.web)
             self.adapters["teams"] = teams
