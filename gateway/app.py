@@ -79,7 +79,9 @@ class Gateway:
         self.provider = self._provider_override or make_provider(self.config.llm)
         await self.provider.start()
         self.memory, job_handlers = build_memory(self)
-        self.worker = JobWorker(self.sessions, job_handlers, metrics=self.metrics)
+        self.worker = JobWorker(
+            self.sessions, job_handlers, metrics=self.metrics, lease_s=self.config.session.job_lease_seconds
+        )
         self.turns = TurnHandler(
             config=self.config,
             sessions=self.sessions,

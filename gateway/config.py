@@ -119,6 +119,8 @@ class SessionConfig(_Model):
     history_token_budget: int = Field(default=6000, ge=256)
     # At start, answer messages younger than this that a crash left unanswered (0: never).
     resume_unanswered_seconds: int = Field(default=300, ge=0)
+    # A background job's lease, renewed while it runs: a dead worker's job is taken over after this.
+    job_lease_seconds: int = Field(default=30, ge=2)
 
     @model_validator(mode="after")
     def _keep_below_max(self) -> SessionConfig:
