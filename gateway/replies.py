@@ -40,7 +40,7 @@ async def unanswered_or_reply(
     if reply is not None or not reply_requested:
         return None, reply
     if not row.reply_requested:
-        await conn.execute(update(msgs).where(msgs.c.id == row.id).values(reply_requested=True))
+        await conn.execute(update(Message).where(Message.id == row.id).values(reply_requested=True))
     return row.id, None
 
 
@@ -89,4 +89,18 @@ async def find_unanswered(engine: AsyncEngine, *, since: datetime, limit: int = 
     )
     async with engine.connect() as conn:
         rows = (await conn.execute(q)).all()
-    return [Unanswered(*r) for r in rows]
+    return [
+        Unanswered(
+            channel=r.channel,
+            conversation_id=r.conversation_id,
+            thread_id=r.thread_id,
+            parent_conversation_id=r.parent_conversation_id,
+            message_id=r.platform_message_id,
+            speaker_user_id=r.speaker_user_id,
+            stored_role=r.stored_role,
+            display_name=r.display_name,
+            text=r.text,
+            said_at=r.said_at,
+        )
+        for r in rows
+    ]

@@ -173,3 +173,66 @@ async def test_write_faults_answer_503_readyz_tells_and_everything_recovers(
     assert people == ["ok-1", *(f"f-{i}" for i in range(5))]
     assert len([m for m in stored if m["speaker"] == "agent"]) == 6
     assert len([r for r in caplog.records if "writes work again" in r.getMessage()]) <= 1
+
+
+async def test_websocket_write_fault_is_an_error_frame_and_the_socket_stays_open(sqlite_url: str) -> None:
+    engine = make_engine(sqlite_url)
+    await upgrade(engine)
+    alice = (await PairingStore(engine).add_user("Alice", "user")).id
+    cfg = Config.model_validate({"server": {"api_users": [{"token": ALICE_TOKEN, "user": alice}]}})
+    gw = Gateway(cfg, engine=engine, provider=ScriptedProvider())
+    await gw.start(channels=False, worker=False)
+    server = TestServer(gw.web, host="127.0.0.1")
+    await server.start_server()
+    fault = Fault("sqlite-readonly", gw, sqlite_url)
+    try:
+        async with ClientSession() as http, http.ws_connect(server.make_url(f"/v1/ws?token={ALICE_TOKEN}")) as ws:
+            await fault.set(True)
+            await ws.send_json({"session": "w", "text": "hello", "message_id": "w-1"})
+            frame = await ws.receive_json(timeout=30)
+            assert frame["type"] == "error" and frame["status"] == 503
+            assert "cannot store messages right now" in frame["error"]
+            await fault.set(False)
+            await ws.send_json({"session": "w", "text": "hello", "message_id": "w-1"})
+            while (frame := await ws.receive_json(timeout=30))["type"] == "chunk":
+                pass
+            assert frame["type"] == "reply" and frame["reply"] == f"echo: [Alice · {alice}] hello"
+    finally:
+        await fault.set(False)
+        await server.close()
+        await gw.stop()
+        await engine.dispose()
+
+
+async def test_teams_write_fault_tells_the_sender_and_stores_nothing(sqlite_url: str) -> None:
+    from sqlalchemy import func, select
+
+    from gateway.dispatch import STORAGE_REPLY
+    from gateway.models import Message
+    from tests.peers.fake_teams import FakeConnector, teams_activity
+
+    with FakeConnector() as connector:
+        teams = {"enabled": True, "dm_policy": "open", "allowed_service_urls": [connector.service_url]}
+        gw = Gateway(
+            Config.model_validate({"database": {"url": sqlite_url}, "channels": {"teams": teams}}),
+            provider=ScriptedProvider(),
+        )
+        await gw.start(channels=True, worker=False)
+        server = TestServer(gw.web, host="127.0.0.1")
+        await server.start_server()
+        fault = Fault("sqlite-readonly", gw, sqlite_url)
+        try:
+            async with ClientSession() as http:
+                await fault.set(True)
+                body = teams_activity(service_url=connector.service_url, text="note this")
+                async with http.post(server.make_url("/api/messages"), json=body) as r:
+                    assert r.status == 200
+                await gw.adapters["teams"].drain()  # type: ignore[attr-defined]
+                assert [m.text for m in connector.messages] == [STORAGE_REPLY]
+                await fault.set(False)
+                async with gw.engine.connect() as conn:
+                    assert (await conn.execute(select(func.count()).select_from(Message))).scalar_one() == 0
+        finally:
+            await fault.set(False)
+            await server.close()
+            await gw.stop()
