@@ -44,6 +44,14 @@ async def unanswered_or_reply(
     return row.id, None
 
 
+async def stored_reply(engine: AsyncEngine, message_row_id: int) -> str | None:
+    """The reply stored for a message row, if any."""
+    async with engine.connect() as conn:
+        return (
+            await conn.execute(select(Message.text).where(Message.reply_to_id == message_row_id))
+        ).scalar_one_or_none()
+
+
 @dataclass(frozen=True, slots=True)
 class Unanswered:
     """A stored message that asked for an answer and has none."""

@@ -14,6 +14,7 @@ from gateway.config import Config
 from gateway.llm.base import ChatMessage, LLMProvider, LLMUnavailable, Tool
 from gateway.metrics import Metrics
 from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, safe_name
+from gateway.replies import stored_reply
 from gateway.sessions import SessionKey, SessionStore, StoredMessage, TrimResult
 from memory.types import SliceMessage
 from pairing.principal import Principal
@@ -234,7 +235,7 @@ class TurnHandler:
             req.principal, req.text, session_id=session_id, message_id=req.message_id, said_at=req.said_at
         )
         if directive_reply is not None:
-            await self._store_reply(session_id, req, stored, directive_reply)
+            directive_reply = await self._store_reply(session_id, req, stored, directive_reply)
             if on_chunk:
                 await on_chunk(directive_reply)
             return TurnResult(session_id, directive_reply)
@@ -263,7 +264,7 @@ class TurnHandler:
             if on_chunk:
                 await on_chunk(UNAVAILABLE_REPLY)
             return TurnResult(session_id, UNAVAILABLE_REPLY, failed=True)
-        await self._store_reply(session_id, req, stored, reply)
+        reply = await self._store_reply(session_id, req, stored, reply)
         if on_chunk:
             for chunk in _chunks(reply):
                 await on_chunk(chunk)
@@ -300,8 +301,9 @@ class TurnHandler:
             out.append(ChatMessage("user", current.text))
         return out
 
-    async def _store_reply(self, session_id: str, req: TurnRequest, stored: StoredMessage, text: str) -> None:
-        await self.sessions.store_message(
+    async def _store_reply(self, session_id: str, req: TurnRequest, stored: StoredMessage, text: str) -> str:
+        """Store the reply; the reply actually stored (another process may have answered first)."""
+        row = await self.sessions.store_message(
             session_id,
             # A display id only: the reply's identity is its link to ``stored`` and its
             # own namespace (is_agent), so a client id "X:reply" is never confused with it.
@@ -313,6 +315,9 @@ class TurnHandler:
             said_at=self._clock(),
             is_agent=True,
         )
+        if row is None:
+            return await stored_reply(self.sessions.engine, stored.id) or text
+        return text
 
     async def _trim(self, session_id: str, principal: Principal) -> TrimResult | None:
         result = await self.sessions.trim(

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.app import Gateway
 from gateway.config import Config
@@ -219,3 +220,46 @@ async def test_restart_sends_a_discord_message_left_unanswered_through_the_adapt
         finally:
             await adapter.stop()
             await up.stop()
+
+
+async def test_retries_racing_in_two_processes_store_one_reply_and_both_answer_with_it(engine: AsyncEngine) -> None:
+    """Two gateways on one database (two TurnHandlers: no shared lock) answer the same retry."""
+    from gateway.sessions import SessionKey, SessionStore
+    from gateway.turn import TurnHandler, TurnRequest
+    from pairing.principal import Principal
+
+    cfg = Config()
+    sessions = SessionStore(engine)
+    req = TurnRequest(
+        key=SessionKey("api", "u_a/race"),
+        principal=Principal.human("u_a", Role.USER, "A"),
+        text="which one?",
+        message_id="r-1",
+        said_at=sessions.now(),
+    )
+    down = TurnHandler(config=cfg, sessions=sessions, provider=ScriptedProvider(fail=True))
+    assert (await down.handle(req)).failed
+    gates = {"A": asyncio.Event(), "B": asyncio.Event()}
+    started: list[str] = []
+
+    def model(name: str) -> ScriptedProvider:
+        async def answer(_m: Sequence[ChatMessage]) -> str:
+            started.append(name)
+            await gates[name].wait()
+            return f"answer {name}"
+
+        return ScriptedProvider(answer)
+
+    a = TurnHandler(config=cfg, sessions=sessions, provider=model("A"))
+    b = TurnHandler(config=cfg, sessions=sessions, provider=model("B"))
+    ta, tb = asyncio.create_task(a.handle(req)), asyncio.create_task(b.handle(req))
+    async with asyncio.timeout(30):
+        while len(started) < 2:
+            await asyncio.sleep(0.01)
+    gates["A"].set()
+    first = await ta
+    gates["B"].set()
+    second = await tb
+    assert first.reply == second.reply == "answer A"
+    replies = [m for m in await sessions.all_messages(first.session_id) if m.is_agent]
+    assert [m.text for m in replies] == ["answer A"]
