@@ -37,6 +37,7 @@ from msrest.authentication import Authentication
 from msrest.exceptions import HttpOperationError
 
 from channels.base import ConversationKind, InboundMessage, MessageHandler, OutboundMessage, split_text
+from channels.teams_urls import DEFAULT_ALLOWED_SERVICE_URLS, service_url_allowed
 
 log = logging.getLogger(__name__)
 
@@ -319,6 +320,7 @@ class TeamsAdapter:
         *,
         app_tenant_id: str = "",
         allowed_tenants: Collection[str] = (),
+        allowed_service_urls: Collection[str] = DEFAULT_ALLOWED_SERVICE_URLS,
         auth_overrides: Mapping[str, str] | None = None,
         max_send_retries: int = 3,
         retry_base_delay: float = 1.0,
@@ -336,6 +338,9 @@ class TeamsAdapter:
             app_tenant_id: The tenant of a single-tenant bot registration.
             allowed_tenants: When not empty, activities from other tenants are
                 acknowledged and dropped.
+            allowed_service_urls: The only service URLs replies and proactive
+                sends may go to (URL prefixes, ``*.`` for subdomains); an
+                activity naming another is refused with 403 before any HTTP.
             auth_overrides: Extra keys for botbuilder's configuration object
                 (``TO_BOT_FROM_CHANNEL_OPENID_METADATA_URL`` ...); tests point
                 them at local peers, production leaves them out.
@@ -364,6 +369,7 @@ class TeamsAdapter:
         self._app_tenant_id = app_tenant_id
         self._handler = handler
         self._allowed_tenants = frozenset(t.lower() for t in allowed_tenants)
+        self._allowed_service_urls = tuple(allowed_service_urls)
         self._auth_overrides = dict(auth_overrides or {})
         self._max_send_retries = max_send_retries
         self._retry_base_delay = retry_base_delay
@@ -449,6 +455,16 @@ class TeamsAdapter:
             activity = Activity().deserialize(body)
         except (ValueError, TypeError, AttributeError):
             return _error(400, "activity does not match the Bot Framework schema")
+        if activity.service_url and not service_url_allowed(activity.service_url, self._allowed_service_urls):
+            # Checked before anything can contact it: the reply would go there.
+            log.warning(
+                "teams: refused %s activity naming serviceUrl %r (not in channels.teams.allowed_service_urls)",
+                activity.type,
+                activity.service_url[:200],
+            )
+            return _error(
+                403, "serviceUrl is not an allowed Bot Framework service (channels.teams.allowed_service_urls)"
+            )
 
         try:
             auth = await cloud.bot_framework_authentication.authenticate_request(activity, auth_header)
@@ -502,6 +518,9 @@ class TeamsAdapter:
             raise RuntimeError("teams adapter is not running")
         await self._load_references(message.conversation_id, message.thread_id)
         reference = self._reference_for(message.conversation_id, message.thread_id)
+        if not service_url_allowed(reference.service_url or "", self._allowed_service_urls):
+            log.warning("teams: refused a send to serviceUrl %r (not allowed)", (reference.service_url or "")[:200])
+            raise TeamsSendError(f"teams: serviceUrl of conversation {message.conversation_id!r} is not allowed")
         activities = reply_to_activities(message.text)
         if not activities:
             return

@@ -31,6 +31,7 @@ from gateway.web.app import WebContext, build_web_app
 from gateway.web.dashboard import mount_dashboard
 from gateway.web.hooks import add_hook_routes
 from gateway.worker import JobWorker
+from gateway.write_health import WriteHealth
 from pairing.notices import NoticeOutbox
 from pairing.principal import Principal
 from pairing.store import PairingStore
@@ -94,7 +95,9 @@ class Gateway:
         self.provider = self._provider_override or make_provider(self.config.llm)
         await self.provider.start()
         self.memory, job_handlers = build_memory(self)
-        self.worker = JobWorker(self.sessions, job_handlers, metrics=self.metrics)
+        self.worker = JobWorker(
+            self.sessions, job_handlers, metrics=self.metrics, lease_s=self.config.session.job_lease_seconds
+        )
         self.idle = IdleExtractor(
             self.engine,
             idle_seconds=self.config.session.idle_extract_seconds,
@@ -122,9 +125,12 @@ class Gateway:
             deliver=lambda target, text: deliver(self.adapters, target, text),
         )
         await self.automation.sync_config()
+        self.write_health = WriteHealth(self.engine)
         self.dispatcher = Dispatcher(
             pairing=self.pairing,
             turns=self.turns,
+            max_message_chars=self.config.server.max_message_chars,
+            write_health=self.write_health,
             rules={
                 "discord": channel_rules(self.config.channels.discord),
                 "teams": channel_rules(self.config.channels.teams),
@@ -138,6 +144,7 @@ class Gateway:
                 turns=self.turns,
                 metrics=self.metrics,
                 channel_status=lambda: dict(self.channel_state),
+                write_health=self.write_health,
             )
         )
         mount_dashboard(self.web, self)
@@ -164,6 +171,7 @@ class Gateway:
                 app_tenant_id=ch.teams.app_tenant_id,
                 allowed_tenants=ch.teams.allowed_tenants,
                 references=self.automation.store,  # proactive sends survive a restart
+                allowed_service_urls=ch.teams.allowed_service_urls,
             )
             teams.add_routes(self.web)
             self.adapters["teams"] = teams

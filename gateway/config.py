@@ -10,6 +10,7 @@ reading it), so a command that never uses a secret does not need it set.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -19,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from sqlalchemy.engine import make_url
 
+from channels.teams_urls import DEFAULT_ALLOWED_SERVICE_URLS, invalid_entries
 from gateway.automation.config import AutomationConfig
 from gateway.errors import ConfigError
 from pairing.admission import DmPolicy, GroupPolicy
@@ -174,6 +176,10 @@ class SessionConfig(_Model):
     history_token_budget: int = Field(default=6000, ge=256)
     # Extract what a session taught once it has been quiet this long (0: only at the trim).
     idle_extract_seconds: float = Field(default=120, ge=0)
+    # At start, answer messages younger than this that a crash left unanswered (0: never).
+    resume_unanswered_seconds: int = Field(default=300, ge=0)
+    # A background job's lease, renewed while it runs: a dead worker's job is taken over after this.
+    job_lease_seconds: int = Field(default=30, ge=2)
 
     @model_validator(mode="after")
     def _keep_below_max(self) -> SessionConfig:
@@ -220,12 +226,20 @@ class TeamsConfig(_ChannelCommon):
     app_password: SecretStr | None = None
     app_tenant_id: str = ""
     allowed_tenants: list[str] = Field(default_factory=list)
+    # Where replies and proactive sends may go (URL prefixes, "*." for subdomains).
+    allowed_service_urls: list[str] = Field(default_factory=lambda: list(DEFAULT_ALLOWED_SERVICE_URLS))
 
     @model_validator(mode="after")
     def _both_or_neither(self) -> TeamsConfig:
         if bool(self.app_id) != bool(_secret(self.app_password)):
             raise ValueError(
                 "channels.teams needs both app_id and app_password (or neither, for local emulator testing)"
+            )
+        bad = invalid_entries(self.allowed_service_urls)
+        if bad:
+            raise ValueError(
+                f"channels.teams.allowed_service_urls: {', '.join(map(repr, bad))} "
+                "is not an http(s) URL prefix (for example https://smba.trafficmanager.net/)"
             )
         return self
 
@@ -283,6 +297,17 @@ class Config(_Model):
     automation: AutomationConfig = Field(default_factory=AutomationConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
+    @model_validator(mode="after")
+    def _emulator_only_on_loopback(self) -> Config:
+        teams = self.channels.teams
+        if teams.enabled and not teams.app_id and not _loopback(self.server.host):
+            raise ValueError(
+                f"channels.teams has no app_id (Emulator mode: requests are not authenticated), so it serves only "
+                f"on a loopback server.host, not {self.server.host!r}; set channels.teams.app_id and app_password, "
+                "or server.host: 127.0.0.1"
+            )
+        return self
+
     # Set by the loader, not by YAML.
     warnings_: tuple[str, ...] = Field(default=(), exclude=True, alias="__warnings__")
 
@@ -290,6 +315,13 @@ class Config(_Model):
     def warnings(self) -> tuple[str, ...]:
         """Non-fatal notices (retired settings)."""
         return self.warnings_
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _secret(v: SecretStr | None) -> str:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from channels.base import InboundMessage
 from gateway.sessions import SessionKey
 from gateway.turn import TurnHandler, TurnRequest
+from gateway.write_health import WriteHealth, storage_reason
 from pairing.admission import Admission, DmPolicy, GroupPolicy, admit_direct, admit_group
 from pairing.commands import handle_command, parse_command
 from pairing.principal import Principal
@@ -27,6 +28,17 @@ class ChannelRules:
     require_mention: bool = True
 
 
+STORAGE_REPLY = "Sorry, I cannot store messages right now, so I did not keep yours. Please send it again in a minute."
+
+
+def too_long_reply(limit: int, length: int) -> str:
+    """What the sender of an over-long message is told (nothing of it is stored)."""
+    return (
+        f"Your message is {length:,} characters long; the limit is {limit:,} (server.max_message_chars). "
+        "I did not keep it: please send it in shorter parts."
+    )
+
+
 def pairing_reply(code: str, channel: str) -> str:
     """What an unknown sender is told: their code and nothing else."""
     return (
@@ -39,13 +51,35 @@ def pairing_reply(code: str, channel: str) -> str:
 class Dispatcher:
     """The MessageHandler every platform adapter calls."""
 
-    def __init__(self, *, pairing: PairingStore, turns: TurnHandler, rules: dict[str, ChannelRules]) -> None:
+    def __init__(
+        self,
+        *,
+        pairing: PairingStore,
+        turns: TurnHandler,
+        rules: dict[str, ChannelRules],
+        max_message_chars: int | None = None,
+        write_health: WriteHealth | None = None,
+    ) -> None:
         self.pairing = pairing
         self.turns = turns
         self.rules = rules
+        self.max_message_chars = max_message_chars
+        self.write_health = write_health
 
     async def handle(self, msg: InboundMessage) -> str | None:
         """Decide what to do with one platform message; return the reply to send, if any."""
+        try:
+            return await self._handle(msg)
+        except Exception as exc:
+            reason = storage_reason(exc)
+            if reason is None:
+                raise
+            # The platform has no retry of its own here: tell the sender, log once per burst.
+            if self.write_health is not None:
+                self.write_health.failed(reason)
+            return STORAGE_REPLY
+
+    async def _handle(self, msg: InboundMessage) -> str | None:
         rules = self.rules.get(msg.channel, ChannelRules())
         principal = await self.pairing.resolve(msg.channel, msg.sender_id, msg.display_name)
         if msg.is_direct:
@@ -101,6 +135,16 @@ class Dispatcher:
         text = msg.text.strip()
         if not text:
             return None
+        if self.max_message_chars is not None and len(text) > self.max_message_chars:
+            # One limit on every surface: the web and API answer 413, a platform sender gets this reply.
+            log.info(
+                "%s: message %s of %d characters refused (limit %d)",
+                msg.channel,
+                msg.message_id,
+                len(text),
+                self.max_message_chars,
+            )
+            return too_long_reply(self.max_message_chars, len(text)) if reply else None
         parent = next((c for c in msg.conversation_ids if c != msg.conversation_id), None) if msg.thread_id else None
         result = await self.turns.handle(
             TurnRequest(
@@ -113,4 +157,5 @@ class Dispatcher:
                 reply=reply,
             )
         )
-        return result.reply
+        # A platform's redelivery of an answered message is not answered twice.
+        return None if result.duplicate else result.reply

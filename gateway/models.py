@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from pairing.models import UTCDateTime
@@ -38,8 +38,11 @@ class Message(GatewayBase):
 
     __tablename__ = "messages"
     __table_args__ = (
-        UniqueConstraint("session_id", "platform_message_id", name="uq_messages_platform_id"),
+        # Inbound ids and the agent's reply ids live in separate namespaces (is_agent):
+        # no client id, whatever a channel's alphabet allows, can collide with a reply.
+        UniqueConstraint("session_id", "is_agent", "platform_message_id", name="uq_messages_platform_id"),
         Index("ix_messages_session_live", "session_id", "archive_id", "id"),
+        Index("uq_messages_reply_to", "reply_to_id", unique=True),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -53,6 +56,21 @@ class Message(GatewayBase):
     is_agent: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     archive_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # The agent's reply points at the message it answers: one reply per message.
+    reply_to_id: Mapped[int | None] = mapped_column(
+        ForeignKey("messages.id", ondelete="CASCADE", name="fk_messages_reply_to"), nullable=True
+    )
+    # Whether the sender asked for an answer (store-only group messages did not).
+    reply_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+
+class Heartbeat(GatewayBase):
+    """One row per gateway process, written by ``/readyz`` to prove writes work."""
+
+    __tablename__ = "gateway_heartbeat"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class Archive(GatewayBase):

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from gateway.app import Gateway
 from gateway.config import Config
+from gateway.resume import resume_unanswered
 from gateway.web.auth import login_url, with_dashboard_token
 
 log = logging.getLogger("goclaw")
@@ -40,11 +41,14 @@ async def serve_forever(cfg: Config) -> None:
         else:
             log.info("dashboard: log in at http://%s:%s/ with server.dashboard_token", cfg.server.host, port)
         await gw.start_channels()
+        # Answer what the last process left unanswered, without holding up the listener.
+        resume = asyncio.create_task(resume_unanswered(gw), name="goclaw-resume")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
+        resume.cancel()
     finally:
         await runner.cleanup()
         await gw.stop()

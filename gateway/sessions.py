@@ -13,6 +13,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.models import Archive, Job, Message, Session, TurnRecord
+from gateway.replies import unanswered_or_reply
 from memory.types import SliceMessage
 from pairing.principal import Principal, PrincipalKind, Role
 
@@ -74,9 +75,11 @@ class TurnStart:
     """The opening of a turn, read and written in one transaction."""
 
     session_id: str
-    stored: StoredMessage | None  # None: this platform message id was already stored
+    stored: StoredMessage | None  # None: already stored, nothing to answer (see ``reply``)
     history: list[StoredMessage]  # untrimmed, oldest first, including ``stored``
     previous_context: str
+    reply: str | None = None  # a duplicate's stored reply
+    resumed: bool = False  # ``stored`` was stored before but never answered: answer it now
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,11 +248,15 @@ class SessionStore:
         text: str,
         said_at: datetime,
         history_limit: int,
+        reply_requested: bool = True,
     ) -> TurnStart:
         """Find or create the session, store the message once, and read what the prompt needs.
 
         One transaction on the hot path of every turn (Core statements, no ORM):
-        fewer round trips is most of what a turn costs on SQLite.
+        fewer round trips is most of what a turn costs on SQLite. A message
+        already stored comes back as a duplicate with its stored reply, or, when
+        it asked for an answer and never got one (the process died mid-turn, the
+        model was down), as ``resumed`` so the caller answers it now.
         """
         sess, msgs = Session.__table__, Message.__table__
         thread = key.thread_id or ""
@@ -288,21 +295,29 @@ class SessionStore:
                         said_at=said_at,
                         is_agent=False,
                         created_at=self.now(),
+                        reply_requested=reply_requested,
                     )
-                    .on_conflict_do_nothing(index_elements=["session_id", "platform_message_id"])
+                    .on_conflict_do_nothing(index_elements=["session_id", "is_agent", "platform_message_id"])
                     .returning(msgs.c.id)
                 )
             ).scalar_one_or_none()
+            resumed = False
             if new_id is None:
-                return TurnStart(session_id, None, [], previous)
+                to_answer, reply = await unanswered_or_reply(conn, session_id, platform_message_id, reply_requested)
+                if to_answer is None:
+                    return TurnStart(session_id, None, [], previous, reply=reply)
+                new_id, resumed = to_answer, True
             rows = (
                 await conn.execute(
                     select(msgs)
-                    .where(msgs.c.session_id == session_id, msgs.c.archive_id.is_(None))
+                    .where(msgs.c.session_id == session_id, msgs.c.archive_id.is_(None), msgs.c.id <= new_id)
                     .order_by(msgs.c.id.desc())
                     .limit(history_limit)
                 )
             ).all()
+            if resumed and (not rows or rows[0].id != new_id):
+                # Already trimmed into an archive: answer it with what is still live.
+                rows = [(await conn.execute(select(msgs).where(msgs.c.id == new_id))).one(), *rows]
         history = [
             StoredMessage(
                 r.id,
@@ -317,6 +332,10 @@ class SessionStore:
             )
             for r in reversed(rows)
         ]
+        if resumed:
+            current = next(m for m in history if m.id == new_id)
+            history = [m for m in history if m.id != new_id] + [current]
+            return TurnStart(session_id, current, history, previous, resumed=True)
         return TurnStart(session_id, history[-1] if history else None, history, previous)
 
     async def get_session(self, session_id: str) -> Session | None:
@@ -342,13 +361,15 @@ class SessionStore:
         explanation: TurnExplanation | None = None,
         answers: str | None = None,
         answered: Principal | None = None,
+        reply_to: int | None = None,
     ) -> StoredMessage | None:
         """Store a message once; None when this platform message id was already stored.
 
         The speaker's user id and stored role come from the principal the
-        gateway resolved, never from the text. A reply may bring its turn's
-        ``explanation`` (of the message ``answers``, spoken by ``answered``):
-        it is inserted in the same transaction, one row, for the dashboard.
+        gateway resolved, never from the text. An agent reply names the row it
+        answers (``reply_to``); a second reply to the same row is not stored. A reply
+        may bring its turn's ``explanation`` (of the message ``answers``, spoken by
+        ``answered``): it is inserted in the same transaction, one row, for the dashboard.
         """
         user_id = speaker.user_id if speaker is not None and not is_agent else None
         role = speaker.stored_role if speaker is not None and not is_agent else None
@@ -366,8 +387,9 @@ class SessionStore:
                     said_at=said_at,
                     is_agent=is_agent,
                     created_at=self.now(),
+                    reply_to_id=reply_to,
                 )
-                .on_conflict_do_nothing(index_elements=["session_id", "platform_message_id"])
+                .on_conflict_do_nothing()
                 .returning(msgs.c.id)
             )
             new_id = (await conn.execute(stmt)).scalar_one_or_none()
@@ -546,7 +568,7 @@ class SessionStore:
     # ---- durable jobs -------------------------------------------------------------------
 
     async def claim_job(
-        self, worker_id: str, *, kinds: Sequence[str] = ("extract",), lease_s: float = 300
+        self, worker_id: str, *, kinds: Sequence[str] = ("extract",), lease_s: float = 30
     ) -> Job | None:
         """Claim the oldest runnable job (``FOR UPDATE SKIP LOCKED`` on PostgreSQL).
 

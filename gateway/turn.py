@@ -15,6 +15,7 @@ from gateway.explain import TurnExplanation, directive_explanation, explain_turn
 from gateway.llm.base import ChatMessage, LLMProvider, LLMUnavailable, Tool
 from gateway.metrics import Metrics
 from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, learning_line, safe_name
+from gateway.replies import stored_reply
 from gateway.sessions import SessionKey, SessionStore, StoredMessage, TrimResult
 from memory.types import SliceMessage
 from pairing.principal import Principal
@@ -208,17 +209,23 @@ class TurnHandler:
             said_at=req.said_at,
             # Trimming keeps history below max_messages, so this reads all of it.
             history_limit=self.config.session.max_messages + 2,
+            reply_requested=req.reply,
         )
         session_id = start.session_id
         if start.stored is None:
+            # An answered redelivery gets the stored reply again, never a second model call.
             log.info("session %s: message %s already handled; ignoring redelivery", session_id, req.message_id)
-            return TurnResult(session_id, None, duplicate=True)
+            return TurnResult(session_id, start.reply, duplicate=True)
+        if start.resumed:
+            log.info(
+                "session %s: message %s was stored but never answered; answering it now", session_id, req.message_id
+            )
         result = TurnResult(session_id, None)
         live = len(start.history)
         if req.reply:
             result = await self._answer(session_id, req, start.stored, start.history, start.previous_context, on_chunk)
             live += 1  # the stored reply
-        if live > self.config.session.max_messages:
+        if live > self.config.session.max_messages or start.resumed:
             result.trimmed = await self._trim(session_id, req.principal)
         return result
 
@@ -235,8 +242,8 @@ class TurnHandler:
             req.principal, req.text, session_id=session_id, message_id=req.message_id, said_at=req.said_at
         )
         if directive_reply is not None:
-            record_id = await self._store_reply(
-                session_id, req, directive_reply, directive_explanation(self.provider.name)
+            directive_reply, record_id = await self._store_reply(
+                session_id, req, stored, directive_reply, directive_explanation(self.provider.name)
             )
             if on_chunk:
                 await on_chunk(directive_reply)
@@ -278,7 +285,7 @@ class TurnHandler:
             input_tokens=loop.input_tokens,
             output_tokens=loop.output_tokens,
         )
-        record_id = await self._store_reply(session_id, req, reply, explanation)
+        reply, record_id = await self._store_reply(session_id, req, stored, reply, explanation)
         if on_chunk:
             for chunk in _chunks(reply):
                 await on_chunk(chunk)
@@ -318,12 +325,24 @@ class TurnHandler:
         return out
 
     async def _store_reply(
-        self, session_id: str, req: TurnRequest, text: str, explanation: TurnExplanation | None = None
-    ) -> int | None:
-        """Store the reply, with the turn's explanation in the same transaction; the explanation's id."""
-        stored = await self.sessions.store_message(
+        self,
+        session_id: str,
+        req: TurnRequest,
+        stored: StoredMessage,
+        text: str,
+        explanation: TurnExplanation | None = None,
+    ) -> tuple[str, int | None]:
+        """Store the reply, with the turn's explanation in the same transaction.
+
+        Returns the reply actually stored (another process may have answered
+        first) and the id of the stored explanation.
+        """
+        row = await self.sessions.store_message(
             session_id,
+            # A display id only: the reply's identity is its link to ``stored`` and its
+            # own namespace (is_agent), so a client id "X:reply" is never confused with it.
             platform_message_id=f"{req.message_id}:reply",
+            reply_to=stored.id,
             speaker=None,
             display_name=self.config.agent.name,
             text=text,
@@ -333,7 +352,9 @@ class TurnHandler:
             answers=req.message_id,
             answered=req.principal,
         )
-        return stored.turn_record_id if stored is not None else None
+        if row is None:
+            return await stored_reply(self.sessions.engine, stored.id) or text, None
+        return text, row.turn_record_id
 
     async def _trim(self, session_id: str, principal: Principal) -> TrimResult | None:
         result = await self.sessions.trim(

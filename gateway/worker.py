@@ -8,11 +8,25 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 
+from sqlalchemy import update
+
 from gateway.metrics import Metrics
 from gateway.models import Job
 from gateway.sessions import SessionStore
+from gateway.write_health import storage_reason
 
 log = logging.getLogger(__name__)
+
+
+async def renew_lease(sessions: SessionStore, job_id: int, worker_id: str) -> bool:
+    """Move a running job's lease forward; False when the job is no longer this worker's."""
+    async with sessions.transaction() as s:
+        res = await s.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.locked_by == worker_id, Job.status == "running")
+            .values(locked_at=sessions.now())
+        )
+        return bool(res.rowcount)  # type: ignore[attr-defined]
 
 
 class ParkableError(Exception):
@@ -38,6 +52,8 @@ class JobWorker:
         max_attempts: int = 5,
         base_delay_s: float = 5.0,
         metrics: Metrics | None = None,
+        lease_s: float = 30.0,
+        heartbeat_s: float | None = None,
     ) -> None:
         self.sessions = sessions
         self.handlers = dict(handlers)
@@ -46,6 +62,11 @@ class JobWorker:
         self.base_delay_s = base_delay_s
         self.metrics = metrics
         self.worker_id = "w_" + secrets.token_hex(4)
+        # A short lease, renewed while the job runs: a dead worker's job is taken
+        # over within ``lease_s``, a live one's never.
+        self.lease_s = lease_s
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else lease_s / 3
+        self._storage_down = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -55,10 +76,11 @@ class JobWorker:
 
     async def run_once(self) -> bool:
         """Claim and run one job; False when there was none."""
-        job = await self.sessions.claim_job(self.worker_id, kinds=tuple(self.handlers))
+        job = await self.sessions.claim_job(self.worker_id, kinds=tuple(self.handlers), lease_s=self.lease_s)
         if job is None:
             return False
         handler = self.handlers[job.kind]
+        heartbeat = asyncio.create_task(self._heartbeat(job.id), name=f"goclaw-job-{job.id}-lease")
         try:
             await handler(job)
         except ParkableError as exc:
@@ -79,9 +101,24 @@ class JobWorker:
             log.warning("job %s (%s) failed: %s; now %s", job.id, job.kind, exc, status)
             self._count(job.kind, status)
             return True
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
         await self.sessions.finish_job(job.id)
         self._count(job.kind, "done")
         return True
+
+    async def _heartbeat(self, job_id: int) -> None:
+        """Renew this worker's lease on ``job_id`` every ``heartbeat_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                if not await renew_lease(self.sessions, job_id, self.worker_id):
+                    log.warning("job %s: lease lost to another worker", job_id)
+                    return
+            except Exception as exc:  # the next beat tries again; the lease outlives a few misses
+                log.warning("job %s: lease renewal failed: %s", job_id, exc)
 
     async def drain(self) -> int:
         """Run every runnable job now (tests, `goclaw` CLI); returns how many ran."""
@@ -101,8 +138,17 @@ class JobWorker:
                     pass
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("job worker: unexpected error; continuing")
+            except Exception as exc:
+                reason = storage_reason(exc)
+                if reason is None:
+                    log.exception("job worker: unexpected error; continuing")
+                elif not self._storage_down:
+                    log.error("job worker: the database refuses writes (%s); retrying quietly", reason)
+                self._storage_down = reason is not None
+            else:
+                if self._storage_down:
+                    log.warning("job worker: the database takes writes again")
+                self._storage_down = False
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval)

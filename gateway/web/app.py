@@ -14,8 +14,6 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from gateway.config import Config
-from gateway.db import check
-from gateway.errors import DatabaseUnavailable
 from gateway.metrics import Metrics
 from gateway.sessions import SessionKey, SessionStore
 from gateway.turn import TurnHandler, TurnRequest
@@ -23,6 +21,7 @@ from gateway.web.api_error import ApiError
 from gateway.web.auth import SESSIONS, OperatorSessions, operator_nonce, origin_middleware
 from gateway.web.tokens import metrics_refusal, tokens_match
 from gateway.web.validation import check_session_name, parse_chat, parse_frame, validate_chat
+from gateway.write_health import RETRY_AFTER_S, STORAGE_MESSAGE, WriteHealth, storage_reason
 from pairing.principal import Principal, Role, is_human_admin
 from pairing.store import PairingError, PairingStore
 
@@ -42,6 +41,7 @@ class WebContext:
     metrics: Metrics
     channel_status: Callable[[], dict[str, str]] = field(default=lambda: {})
     extra_ready: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    write_health: WriteHealth | None = None  # built on the sessions' engine when not given
 
 
 CTX = web.AppKey("goclaw_ctx", WebContext)
@@ -106,9 +106,23 @@ async def errors_middleware(
         if exc.status < 400:
             raise
         return web.json_response({"error": exc.reason}, status=exc.status)
-    except Exception:
+    except Exception as exc:
+        reason = storage_reason(exc)
+        if reason is not None:
+            return storage_unavailable(request.app[CTX], reason)
         log.exception("unhandled error on %s %s", request.method, request.path)
         return web.json_response({"error": "internal error; it has been logged"}, status=500)
+
+
+def storage_unavailable(ctx: WebContext, reason: str) -> web.Response:
+    """503 with Retry-After for a write the database refused; logged once per burst."""
+    assert ctx.write_health is not None
+    ctx.write_health.failed(reason)
+    return web.json_response(
+        {"error": STORAGE_MESSAGE.format(reason=reason)},
+        status=503,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 async def healthz(_: web.Request) -> web.Response:
@@ -121,11 +135,13 @@ async def readyz(request: web.Request) -> web.Response:
     ctx = request.app[CTX]
     status: dict[str, Any] = {}
     ready = True
-    try:
-        await check(ctx.sessions.engine)
+    assert ctx.write_health is not None
+    # A real write (a heartbeat row, cached ~1 s): a read-only database still answers SELECT 1.
+    problem = await ctx.write_health.probe()
+    if problem is None:
         status["database"] = "ok"
-    except DatabaseUnavailable as exc:
-        status["database"] = str(exc)
+    else:
+        status["database"] = f"cannot store messages: {problem}"
         ready = False
     channels = ctx.channel_status()
     status["channels"] = channels
@@ -168,6 +184,8 @@ async def chat(request: web.Request) -> web.Response:
             display_name=principal.display_name,
         )
     )
+    assert ctx.write_health is not None
+    ctx.write_health.succeeded()  # the message (and its reply) were stored
     payload: dict[str, Any] = {"session": session, "reply": result.reply}
     if result.duplicate:
         payload["duplicate"] = True
@@ -254,7 +272,14 @@ async def websocket(request: web.Request) -> web.StreamResponse:
                 ),
                 on_chunk=send_chunk,
             )
-        except Exception:
+        except Exception as exc:
+            reason = storage_reason(exc)
+            if reason is not None:
+                assert ctx.write_health is not None
+                ctx.write_health.failed(reason)
+                error = STORAGE_MESSAGE.format(reason=reason)
+                await ws.send_json({"type": "error", "error": error, "status": 503, "retry_after": RETRY_AFTER_S})
+                continue
             log.exception("websocket turn failed")
             if ws.closed:
                 break
@@ -278,6 +303,8 @@ def build_web_app(ctx: WebContext) -> web.Application:
         middlewares=[errors_middleware, origin_middleware(ctx.config.server.allowed_origins)],
         client_max_size=ctx.config.server.max_message_chars * 4 + 65536,
     )
+    if ctx.write_health is None:
+        ctx.write_health = WriteHealth(ctx.sessions.engine)
     app[CTX] = ctx
     dash = ctx.config.server.dashboard_token
     app[SESSIONS] = OperatorSessions(dash.get_secret_value() if dash is not None else None)

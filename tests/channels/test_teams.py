@@ -98,8 +98,8 @@ def identity(monkeypatch: pytest.MonkeyPatch) -> Iterator[BotFrameworkIdentity]:
 
 
 @pytest.fixture
-async def make_bot() -> AsyncIterator[MakeBot]:
-    """Build started bots; everything is stopped and closed at teardown."""
+async def make_bot(connector: FakeConnector) -> AsyncIterator[MakeBot]:
+    """Build started bots (allowed to reply to the local connector); stopped and closed at teardown."""
     async with AsyncExitStack() as stack:
 
         async def make(
@@ -115,6 +115,7 @@ async def make_bot() -> AsyncIterator[MakeBot]:
             async def record_sleep(seconds: float) -> None:
                 sleeps.append(seconds)
 
+            kwargs.setdefault("allowed_service_urls", [connector.service_url])
             adapter = TeamsAdapter(app_id, app_password, handler, sleep=record_sleep, **kwargs)
             app = web.Application()
             adapter.add_routes(app)

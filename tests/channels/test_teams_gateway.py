@@ -49,20 +49,21 @@ class World:
 
 @pytest.fixture
 async def world(sqlite_url: str) -> AsyncIterator[World]:
-    cfg = Config.model_validate({"database": {"url": sqlite_url}, "channels": {"teams": {"enabled": True}}})
-    provider = ScriptedProvider()
-    gw = Gateway(cfg, provider=provider)
-    await gw.start(channels=True, worker=False)
-    assert gw.channel_state == {"teams": "started"}
-    adapter = gw.adapters["teams"]
-    assert isinstance(adapter, TeamsAdapter)
-    server = TestServer(gw.web, host="127.0.0.1")
-    await server.start_server()
     with FakeConnector() as connector:
+        teams = {"enabled": True, "allowed_service_urls": [connector.service_url]}
+        cfg = Config.model_validate({"database": {"url": sqlite_url}, "channels": {"teams": teams}})
+        provider = ScriptedProvider()
+        gw = Gateway(cfg, provider=provider)
+        await gw.start(channels=True, worker=False)
+        assert gw.channel_state == {"teams": "started"}
+        adapter = gw.adapters["teams"]
+        assert isinstance(adapter, TeamsAdapter)
+        server = TestServer(gw.web, host="127.0.0.1")
+        await server.start_server()
         async with ClientSession() as http:
             yield World(gw, adapter, connector, str(server.make_url("/api/messages")), http, provider)
-    await server.close()
-    await gw.stop()
+        await server.close()
+        await gw.stop()
 
 
 async def message_rows(w: World) -> list[Message]:

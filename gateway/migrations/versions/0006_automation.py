@@ -1,14 +1,14 @@
 """automation: SOP definitions, run history, Teams conversation references
 
 Revision ID: 0006_automation
-Revises: 0004_memory_time
+Revises: 0005_hardening
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0006_automation"
-down_revision = "0004_memory_time"
+down_revision = "0005_hardening"
 branch_labels = None
 depends_on = None
 
