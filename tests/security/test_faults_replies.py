@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import select
@@ -14,6 +15,8 @@ from gateway.config import Config
 from gateway.llm.base import ChatMessage
 from gateway.models import Message
 from gateway.resume import resume_unanswered
+from gateway.sessions import SessionKey
+from gateway.turn import TurnRequest, TurnResult
 from pairing import PairingStore, Role
 from tests.gateway.scripted import ScriptedProvider
 from tests.gateway.test_web import ALICE_TOKEN, Web, _web
@@ -43,31 +46,50 @@ async def messages(web: Web, session: str = "s1") -> list[dict[str, object]]:
 # ---- item 7: client ids never collide with the gateway's reply ids ---------------------------
 
 
-async def test_client_id_shaped_like_a_reply_id_after_its_message_is_not_a_duplicate(web: Web) -> None:
-    await chat(web, "first", "X")
-    status, second = await chat(web, "second", "X:reply")
-    assert status == 200
-    assert "duplicate" not in second
-    assert second["reply"] == f"echo: [Alice · {web.alice}] second"
-    texts = [(m["speaker"], m["text"]) for m in await messages(web)]
-    assert (web.alice, "second") in texts
-    assert len([t for t in texts if t[0] == "agent"]) == 2
+async def _turn(web: Web, text: str, message_id: str) -> TurnResult:
+    # Straight through the one turn handler, as a Teams or Discord activity would arrive:
+    # platform ids are not limited to the API's alphabet, so the namespaces must be structural.
+    alice = await web.gw.pairing.principal_for_user(web.alice)
+    return await web.gw.turns.handle(
+        TurnRequest(SessionKey("teams", "conv-1"), alice, text, message_id, datetime.now(UTC), "Alice")
+    )
 
 
-async def test_client_id_shaped_like_a_reply_id_before_its_message_leaves_the_reply_stored(web: Web) -> None:
-    await chat(web, "sneaky", "Y:reply")
-    status, body = await chat(web, "real", "Y")
-    assert status == 200 and body["reply"] == f"echo: [Alice · {web.alice}] real"
-    stored = await messages(web)
-    assert [(m["speaker"], m["text"]) for m in stored] == [
-        (web.alice, "sneaky"),
-        ("agent", f"echo: [Alice · {web.alice}] sneaky"),
-        (web.alice, "real"),
-        ("agent", f"echo: [Alice · {web.alice}] real"),
+async def _stored(web: Web) -> list[tuple[str | None, str, bool]]:
+    async with web.gw.engine.connect() as conn:
+        rows = (await conn.execute(select(Message).order_by(Message.id))).all()
+    return [(r.speaker_user_id, r.text, r.is_agent) for r in rows]
+
+
+async def test_api_refuses_a_client_id_shaped_like_a_reply_id(web: Web) -> None:
+    status, body = await chat(web, "first", "X:reply")
+    assert status == 400 and "message_id" in str(body["error"])
+    assert await _stored(web) == []  # nothing stored for a refused request
+
+
+async def test_platform_id_shaped_like_a_reply_id_after_its_message_is_not_a_duplicate(web: Web) -> None:
+    await _turn(web, "first", "X")
+    second = await _turn(web, "second", "X:reply")
+    assert not second.duplicate
+    assert second.reply == f"echo: [Alice · {web.alice}] second"
+    stored = await _stored(web)
+    assert (web.alice, "second", False) in stored
+    assert len([row for row in stored if row[2]]) == 2
+
+
+async def test_platform_id_shaped_like_a_reply_id_before_its_message_leaves_the_reply_stored(web: Web) -> None:
+    await _turn(web, "sneaky", "Y:reply")
+    real = await _turn(web, "real", "Y")
+    assert real.reply == f"echo: [Alice · {web.alice}] real"
+    assert await _stored(web) == [
+        (web.alice, "sneaky", False),
+        (None, f"echo: [Alice · {web.alice}] sneaky", True),
+        (web.alice, "real", False),
+        (None, f"echo: [Alice · {web.alice}] real", True),
     ]
-    # A retry of Y sees Y's own reply, not the client's "Y:reply" line.
-    _, again = await chat(web, "real", "Y")
-    assert again == {"session": "s1", "reply": f"echo: [Alice · {web.alice}] real", "duplicate": True}
+    # A retry of Y sees Y's own reply, not the "Y:reply" line.
+    again = await _turn(web, "real", "Y")
+    assert again.duplicate and again.reply == f"echo: [Alice · {web.alice}] real"
 
 
 # ---- item 9: a stored, unanswered message is answered on retry, exactly once ----------------
