@@ -17,7 +17,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_serve_answers_healthz_within_five_seconds(tmp_path: Path) -> None:
+def test_serve_migrates_and_answers_healthz(tmp_path: Path) -> None:
     port = free_port()
     root = Path(__file__).resolve().parents[2]
     example = (root / "config.example.yaml").read_text().replace("port: 8080", f"port: {port}")
@@ -31,15 +31,17 @@ def test_serve_answers_healthz_within_five_seconds(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 5
+        # Startup time is measured in bench/startup.py; here the limit only stops a hung process,
+        # generous enough for a loaded 2-core CI machine.
+        deadline = time.monotonic() + 90
         body = None
-        while time.monotonic() < deadline and body is None:
+        while time.monotonic() < deadline and body is None and proc.poll() is None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as resp:
                     body = resp.read().decode()
             except OSError:
                 time.sleep(0.1)
-        assert body is not None, "gateway did not answer /healthz within 5 s"
+        assert body is not None, "gateway did not answer /healthz (exited, or hung for 90 s)"
         assert '"ok"' in body
         assert (tmp_path / "data" / "goclaw.db").exists()
     finally:
