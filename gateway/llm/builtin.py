@@ -12,7 +12,8 @@ import json
 import re
 from collections.abc import AsyncIterator, Sequence
 
-from gateway.llm.base import ChatMessage, Completion, JsonSchema, Tool
+from gateway.llm.base import ChatMessage, Completion, JsonSchema, Tool, ToolCall
+from gateway.llm.scripted import REPORT_TOOL, scripted_findings
 from gateway.prompt import OPERATIONAL, PERSONAL, SPEAKER
 
 LABEL = "[offline model]"
@@ -74,7 +75,29 @@ class BuiltinProvider:
         user = next((m.content for m in reversed(messages) if m.role == "user"), "")
         if json_schema is not None:
             return Completion(self._structured(json_schema.name, system, user), model=self.model)
+        scripted = self._scripted_tools(messages, tools, user)
+        if scripted is not None:
+            return scripted
         return Completion(self.respond(system, user), model=self.model)
+
+    def _scripted_tools(self, messages: Sequence[ChatMessage], tools: Sequence[Tool], user: str) -> Completion | None:
+        """``FINDING ...`` lines become ``report_intelligence`` calls, when (and only when) that tool is offered.
+
+        The one case where the offline model calls a tool, so a research SOP can be
+        walked through offline (format: ``gateway.llm.scripted``). Which tools are
+        offered was decided in code before this call; nothing here decides it.
+        """
+        last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+        results = [m for m in messages[last_user + 1 :] if m.role == "tool"]
+        if results:
+            lines = [LABEL, *(f"{m.name}: {m.content}" for m in results)]
+            return (
+                Completion("\n".join(lines), model=self.model) if any(m.name == REPORT_TOOL for m in results) else None
+            )
+        if not any(t.name == REPORT_TOOL for t in tools):
+            return None
+        calls = [ToolCall(f"finding-{i}", REPORT_TOOL, args) for i, args in enumerate(scripted_findings(user))]
+        return Completion("", tool_calls=tuple(calls), model=self.model) if calls else None
 
     async def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]:
         """The same reply, word by word."""
