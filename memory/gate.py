@@ -258,7 +258,8 @@ def _memory_write(principal: Principal, scope: str, write_access: WriteAccess, v
         )
     if scope in IDENTITY_SCOPES:
         # Seed 001: identity changes "by an accepted proposal", never by a write -- not even an admin's
-        # (a prompt-injected model in an admin's turn would otherwise rewrite who the agent is).
+        # (a prompt-injected model in an admin's turn would otherwise rewrite who the agent is), and
+        # autonomous runs "cannot write global or agent_config, whatever memory.write_access lists".
         return verdict(
             Verdict.REFUSE,
             f"{scope} by {_who(principal)}: identity changes only by decision",

@@ -13,7 +13,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 
 from gateway.llm.base import ChatMessage, Completion, JsonSchema, Tool, ToolCall
-from gateway.llm.scripted import REPORT_TOOL, scripted_findings
+from gateway.llm.scripted import SCRIPTED_TOOLS, scripted_calls
 from gateway.prompt import OPERATIONAL, PERSONAL, SPEAKER
 
 LABEL = "[offline model]"
@@ -81,23 +81,24 @@ class BuiltinProvider:
         return Completion(self.respond(system, user), model=self.model)
 
     def _scripted_tools(self, messages: Sequence[ChatMessage], tools: Sequence[Tool], user: str) -> Completion | None:
-        """``FINDING ...`` lines become ``report_intelligence`` calls, when (and only when) that tool is offered.
+        """``FINDING`` / ``PROPOSE`` lines become tool calls, when (and only when) that tool is offered.
 
-        The one case where the offline model calls a tool, so a research SOP can be
-        walked through offline (format: ``gateway.llm.scripted``). Which tools are
-        offered was decided in code before this call; nothing here decides it.
+        The one case where the offline model calls tools, so a research SOP and an
+        identity proposal can be walked through offline (format:
+        ``gateway.llm.scripted``). Which tools are offered was decided in code
+        before this call; nothing here decides it.
         """
         last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
         results = [m for m in messages[last_user + 1 :] if m.role == "tool"]
         if results:
-            lines = [LABEL, *(f"{m.name}: {m.content}" for m in results)]
-            return (
-                Completion("\n".join(lines), model=self.model) if any(m.name == REPORT_TOOL for m in results) else None
-            )
-        if not any(t.name == REPORT_TOOL for t in tools):
+            if not any(m.name in SCRIPTED_TOOLS for m in results):
+                return None
+            return Completion("\n".join([LABEL, *(f"{m.name}: {m.content}" for m in results)]), model=self.model)
+        calls = scripted_calls(user, {t.name for t in tools})
+        if not calls:
             return None
-        calls = [ToolCall(f"finding-{i}", REPORT_TOOL, args) for i, args in enumerate(scripted_findings(user))]
-        return Completion("", tool_calls=tuple(calls), model=self.model) if calls else None
+        tool_calls = tuple(ToolCall(f"scripted-{i}", name, args) for i, (name, args) in enumerate(calls))
+        return Completion("", tool_calls=tool_calls, model=self.model)
 
     async def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]:
         """The same reply, word by word."""

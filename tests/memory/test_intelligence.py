@@ -140,7 +140,7 @@ def test_scripted_finding_lines_become_report_arguments() -> None:
         "[sop-system · unpaired] Check the helpers.\n"
         'FINDING severity=blocking affects=daily-report,billing subject="left-pad" claim="It is a modified copy" '
         'evidence="vendor/left-pad.js; diff against 1.3.0" expires=2026-12-31\n'
-        "not a FINDING line\n"
+        "no finding here\n"
         'FINDING severity=info claim="unbalanced'
     )
     first, second = scripted_findings(text)
