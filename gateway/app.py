@@ -98,6 +98,7 @@ class Gateway:
         # seed 001: an obligation at blocking severity holds its SOP's runs, and the router
         # runs before each scheduler step; "gateway/automation asks memory whether an SOP is held".
         facts = self.memory.facts
+        assert facts is not None  # build_memory always sets it
         if self.sop_holds is None:
             self.sop_holds = facts.holds
 
