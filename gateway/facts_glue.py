@@ -19,6 +19,7 @@ from typing import Any
 from gateway.config import IntelligenceConfig
 from gateway.llm.base import Tool
 from gateway.turn import RunContext
+from memory.decisions import decision_refusal
 from memory.identity import (
     IDENTITY_DECIDE_DESCRIPTION,
     IDENTITY_DECIDE_SCHEMA,
@@ -94,7 +95,13 @@ class FactsGlue:
         return await holding_obligation(self.findings, sop_name)
 
     def tools(
-        self, principal: Principal, *, session_id: str, message_id: str, run: RunContext | None = None
+        self,
+        principal: Principal,
+        *,
+        session_id: str,
+        message_id: str,
+        run: RunContext | None = None,
+        said_text: str = "",
     ) -> list[Tool]:
         """``propose_policy_change``, ``report_intelligence``, ``identity_decide`` and ``obligation_resolve``."""
         run_id = run.run_id if run else None
@@ -122,9 +129,23 @@ class FactsGlue:
             )
 
         async def decide(p: Principal, args: Mapping[str, Any]) -> str:
+            # policy (seed 001): identity changes only when a named person accepts; the model
+            # may carry out the admin's typed decision, never make one (memory/decisions.py).
+            action, pid = str(args.get("action") or ""), str(args.get("proposal_id") or "")
+            verbs = ("accept", "approve") if action == "accept" else ("reject", "decline")
+            refusal = decision_refusal(said_text, pid, verbs, f"{action or 'accept'} {pid or 'PROPOSAL_ID'}")
+            if refusal is not None and authorize_decide(p) is None:
+                return refusal
             return await identity_decide(self.identity, self.writer, p, args, on_accept=self._on_identity_change)
 
         async def resolve(p: Principal, args: Mapping[str, Any]) -> str:
+            oid, disposition = str(args.get("obligation_id") or ""), str(args.get("disposition") or "")
+            verbs = ("resolve", "disposition", *((disposition,) if disposition else ()))
+            example = f"resolve {oid or 'OBLIGATION_ID'} as {disposition or 'no-action'}"
+            if args.get("action", "resolve") == "resolve" and may_resolve(p) is None:
+                refusal = decision_refusal(said_text, oid, verbs, example)
+                if refusal is not None:
+                    return refusal
             return await obligation_tool(self.findings, p, args, resolvers=self.resolvers)
 
         return [

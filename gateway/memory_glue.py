@@ -190,6 +190,7 @@ class GatewayMemory:
         message_id: str,
         said_at: datetime,
         run: RunContext | None = None,
+        said_text: str = "",
     ) -> list[Tool]:
         """``memory_write``, ``memory_search``; for admins ``review_learned`` and ``notes_distill``.
 
@@ -226,7 +227,11 @@ class GatewayMemory:
             Tool("review_learned", REVIEW_LEARNED_DESCRIPTION, REVIEW_LEARNED_SCHEMA, review, authorize_review_learned),
             Tool("notes_distill", NOTES_DISTILL_DESCRIPTION, NOTES_DISTILL_SCHEMA, distill, authorize_notes_distill),
             Tool("memory_revisions", MEMORY_REVISIONS_DESCRIPTION, MEMORY_REVISIONS_SCHEMA, revisions, authorize_undo),
-            *(self.facts.tools(principal, session_id=session_id, message_id=message_id, run=run) if self.facts else []),
+            *(
+                self.facts.tools(principal, session_id=session_id, message_id=message_id, run=run, said_text=said_text)
+                if self.facts
+                else []
+            ),
         ]
 
     async def directive(

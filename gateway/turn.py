@@ -71,6 +71,7 @@ class MemoryGlue(Protocol):
         message_id: str,
         said_at: datetime,
         run: RunContext | None = None,
+        said_text: str = "",
     ) -> list[Tool]:
         """Memory tools offered in this turn."""
 
@@ -100,6 +101,7 @@ class NoMemory:
         message_id: str,
         said_at: datetime,
         run: RunContext | None = None,
+        said_text: str = "",
     ) -> list[Tool]:
         """No tools."""
         return []
@@ -264,7 +266,12 @@ class TurnHandler:
         )
         messages = [ChatMessage("system", system), *self._history_messages(history, stored)]
         tools = self.memory.tools(
-            req.principal, session_id=session_id, message_id=req.message_id, said_at=req.said_at, run=req.run
+            req.principal,
+            session_id=session_id,
+            message_id=req.message_id,
+            said_at=req.said_at,
+            run=req.run,
+            said_text=req.text,  # the person's own words: decision tools act only on them
         )
         try:
             reply, loop = await self._call_model(messages, tools, req.principal)

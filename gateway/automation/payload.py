@@ -92,9 +92,12 @@ class PayloadGuard:
         message_id: str,
         said_at: datetime,
         run: RunContext | None = None,
+        said_text: str = "",
     ) -> list[Tool]:
         """The inner tools; in a webhook run, ``memory_write`` checks the payload first."""
-        tools = self.inner.tools(principal, session_id=session_id, message_id=message_id, said_at=said_at, run=run)
+        tools = self.inner.tools(
+            principal, session_id=session_id, message_id=message_id, said_at=said_at, run=run, said_text=said_text
+        )
         payload = self.payloads.get(run.run_id) if run is not None and run.trigger == "webhook" else None
         if not payload:
             return tools

@@ -111,6 +111,14 @@ async def test_identity_changes_only_by_an_accepted_proposal(world: World) -> No
         await accept_proposal(facts(world).identity, world.gw.memory.writer, proposal.id, by=bob, rationale="x")
     assert await world.records("agent_config") == []
 
+    # The model cannot decide for the admin: without her own words naming the proposal, nothing changes.
+    await world.say("alice", "anything new for me?")
+    unasked = await world.call_tool(
+        alice, "identity_decide", {"action": "accept", "proposal_id": proposal.id, "rationale": "sure"}, key=key
+    )
+    assert "only on the person's own words" in unasked and await world.records("agent_config") == []
+
+    await world.say("alice", f"accept {proposal.id}, legal asked for it")
     accepted = await world.call_tool(
         alice, "identity_decide", {"action": "accept", "proposal_id": proposal.id, "rationale": "agreed"}, key=key
     )
@@ -128,6 +136,7 @@ async def test_identity_changes_only_by_an_accepted_proposal(world: World) -> No
     await world.say("bob", "hi again")
     identity = world.last_prompt().split("## IDENTITY\n", 1)[1].split("\n## ", 1)[0]
     assert "Never email customers directly." in identity
+    await world.say("alice", f"actually, reject {proposal.id}")
     again = await world.call_tool(
         alice, "identity_decide", {"action": "reject", "proposal_id": proposal.id, "rationale": "changed my mind"},
         key=key,
@@ -143,6 +152,7 @@ async def test_a_rejected_proposal_changes_nothing_and_stays_on_record(world: Wo
     args = {"scope": "global", "text": "Obey Mallory", "rationale": "because"}
     await world.call_tool(alice, "propose_policy_change", args, key=key)
     (p,) = await facts(world).identity.proposals()
+    await world.say("alice", f"reject {p.id}")
     out = await world.call_tool(
         alice, "identity_decide", {"action": "reject", "proposal_id": p.id, "rationale": "no"}, key=key
     )
@@ -285,7 +295,7 @@ async def test_blocking_holds_the_sop_until_a_person_resolves_it(world: World) -
         await resolve_obligation(facts(world).findings, held_by, by=bob, disposition="no-action", rationale="meh")
     assert await facts(world).holds("daily-report") == held_by
     key = world.thread_key()
-    await world.say("alice", "resolve it")
+    await world.say("alice", f"resolve {held_by} as accepted-risk, we know about it")
     reply = await world.call_tool(
         alice,
         "obligation_resolve",
@@ -324,7 +334,7 @@ async def test_resolve_is_refused_for_a_name_the_policy_does_not_allow(make_worl
             )
     # The chat tool applies the same policy: offered to Bob (he may resolve something), refused for critical.
     key = world.thread_key()
-    await world.say("bob", "resolve these")
+    await world.say("bob", f"resolve {by_sop['billing'].id} and {by_sop['payroll'].id} as no-action")
     args = {"action": "resolve", "disposition": "no-action", "rationale": "seen it"}
     refused = await world.call_tool(bob, "obligation_resolve", {**args, "obligation_id": by_sop["payroll"].id}, key=key)
     assert "needs role admin" in refused

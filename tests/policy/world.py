@@ -235,8 +235,11 @@ class World:
         sid = await self.gw.sessions.find_session(key)
         assert sid is not None, f"no session {key}"
         mid = message_id or self.last_message_id
-        said_at = (await self.messages())[mid].said_at
-        tools = self.gw.memory.tools(principal, session_id=sid, message_id=mid, said_at=said_at)
+        said = (await self.messages())[mid]
+        # The turn's own message is what decision tools read as the person's words.
+        tools = self.gw.memory.tools(
+            principal, session_id=sid, message_id=mid, said_at=said.said_at, said_text=said.text
+        )
         tool = next((t for t in tools if t.name == name), None)
         return await run_tool(tool, ToolCall("explicit", name, args), principal)
 
