@@ -320,7 +320,8 @@ def review_list(ctx: typer.Context, as_json: bool = _JSON, config: str | None = 
         else:
             _table(records, now)
             for r in records:
-                out.print(f"{r.id}: session {r.session_id or '-'}, evidence {', '.join(r.evidence) or '-'}")
+                held = f", held because: {r.status_reason}" if r.status_reason else ""
+                out.print(f"{r.id}: session {r.session_id or '-'}, evidence {', '.join(r.evidence) or '-'}{held}")
 
     _guarded(body)
 

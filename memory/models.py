@@ -53,6 +53,8 @@ class MemoryRecord(MemoryBase):
     evidence: Mapped[list[Any]] = mapped_column(JSON)
     run_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     superseded_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    status_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """Why the gate wrote it ``unverified`` (quarantined for review), when it did."""
 
 
 class MemoryRevision(MemoryBase):

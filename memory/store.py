@@ -94,6 +94,8 @@ class MemoryRecordView:
     evidence: tuple[str, ...]
     run_id: str | None
     superseded_by: str | None
+    status_reason: str | None = None
+    """Why it was written ``unverified`` (held for review), when it was."""
 
     def effective_status(self, now: datetime) -> str:
         """The status, with a live note past its review-by date shown as ``expired``."""
@@ -120,6 +122,7 @@ class MemoryRecordView:
             "evidence": list(self.evidence),
             "run_id": self.run_id,
             "superseded_by": self.superseded_by,
+            "status_reason": self.status_reason,
         }
 
 
@@ -266,6 +269,7 @@ def _view(row: Any) -> MemoryRecordView:
         evidence=tuple(str(e) for e in (m["evidence"] or ())),
         run_id=m["run_id"],
         superseded_by=m["superseded_by"],
+        status_reason=m.get("status_reason"),
     )
 
 
@@ -503,6 +507,7 @@ class MemoryStore:
             evidence=[str(e) for e in evidence],
             run_id=run_id,
             superseded_by=None,
+            status_reason=decision.reason if status == "unverified" else None,
         )
         await self._lock_subject(s, scope, owner, key)
         if merge is not None:

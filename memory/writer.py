@@ -17,7 +17,8 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.gate import NO_EXTRA_WRITERS, GateDecision, WriteAccess, decide
+from memory.gate import NO_EXTRA_WRITERS, OPERATIONAL_SCOPE, GateDecision, WriteAccess, decide
+from memory.personal import personal_data
 from memory.store import MAX_REVIEW_DAYS, MemoryRecordView, MemoryStore, MemoryStoreError, Merge
 from pairing.principal import Principal
 
@@ -65,10 +66,22 @@ class MemoryWriter:
         *,
         owner_user_id: str | None = None,
         trusted: bool | None = None,
+        content: str | None = None,
     ) -> GateDecision:
-        """The gate's answer with this writer's ``write_access`` (nothing is written)."""
+        """The gate's answer with this writer's ``write_access`` (nothing is written).
+
+        ``content``, when given for agent_notes, is checked for personal data
+        (``memory.personal.personal_data``), an input to the gate's decision.
+        """
+        found = personal_data(content) if content is not None and scope == OPERATIONAL_SCOPE else None
         return decide(
-            principal, scope, source, write_access=self.write_access, owner_user_id=owner_user_id, trusted=trusted
+            principal,
+            scope,
+            source,
+            write_access=self.write_access,
+            owner_user_id=owner_user_id,
+            trusted=trusted,
+            personal_data=found,
         )
 
     async def write(
@@ -163,9 +176,12 @@ class WriteBatch:
         *,
         owner_user_id: str | None = None,
         trusted: bool | None = None,
+        content: str | None = None,
     ) -> GateDecision:
         """The gate's answer (nothing is written)."""
-        return self._writer.decide(principal, scope, source, owner_user_id=owner_user_id, trusted=trusted)
+        return self._writer.decide(
+            principal, scope, source, owner_user_id=owner_user_id, trusted=trusted, content=content
+        )
 
     async def write(
         self,
@@ -184,7 +200,7 @@ class WriteBatch:
         merge: Merge | None = None,
     ) -> WriteResult:
         """Ask the gate, then write what it allows in this batch's transaction."""
-        decision = self.decide(principal, scope, source, owner_user_id=owner_user_id, trusted=trusted)
+        decision = self.decide(principal, scope, source, owner_user_id=owner_user_id, trusted=trusted, content=content)
         if not decision.writes:
             return WriteResult(decision)
         added = await self._writer.store.add(

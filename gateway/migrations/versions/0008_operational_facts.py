@@ -1,0 +1,23 @@
+"""operational facts: why a record was held for review
+
+Revision ID: 0008_operational_facts
+Revises: 0004_memory_time
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0008_operational_facts"
+down_revision = "0004_memory_time"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    # Why the gate wrote a record as unverified (e.g. an operational item carrying personal data).
+    op.add_column("memory_records", sa.Column("status_reason", sa.Text, nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("memory_records") as batch:
+        batch.drop_column("status_reason")
