@@ -32,8 +32,8 @@ def _phone(text: str) -> str | None:
         digits = sum(c.isdigit() for c in run)
         if 7 <= digits <= 15 and not _DATE.match(run):
             return run
-    m = _PHONE_WORD.search(text)
-    return m.group(0) if m else None
+    word = _PHONE_WORD.search(text)
+    return word.group(0) if word else None
 
 
 def personal_data(text: str) -> str | None:

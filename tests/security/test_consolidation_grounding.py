@@ -91,7 +91,7 @@ async def _three_admin_notes(world: World) -> list[str]:
         world.clock.advance(minutes=1)
         await world.api("alice", content)
         reply = await world.call_tool(
-            alice, "memory_write", {"scope": "agent_notes", "subject": subject, "content": content},
+            alice, "memory_write", {"scope": "agent_notes", "subject": subject, "content": content, "review_by": "30d"},
             key=world.api_key("alice"),
         )  # fmt: skip
         assert reply.startswith("Saved"), reply
