@@ -410,6 +410,7 @@ def chat_command(
     from datetime import UTC, datetime
 
     from gateway.app import Gateway
+    from gateway.memory_glue import mark_run_by_hand
     from gateway.sessions import SessionKey
     from gateway.turn import TurnRequest
 
@@ -426,6 +427,7 @@ def chat_command(
                 highlight=False,
             )
             loop = asyncio.get_running_loop()
+            mark_run_by_hand()  # seed 001: a run by hand sees every current operational note, scoped or not
             while True:
                 line = await loop.run_in_executor(None, _prompt_line)
                 if line is None:

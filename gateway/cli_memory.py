@@ -128,7 +128,9 @@ def _table(records: list[MemoryRecordView], store_now: Any) -> None:
 def memory_list(
     scope: str | None = typer.Option(None, "--scope", help=f"One of: {', '.join(SCOPES)}."),
     user: str | None = typer.Option(None, "--user", help="Only this person's records (a unified user id)."),
-    show_all: bool = typer.Option(False, "--all", help="Include history: superseded, unverified, rejected, ..."),
+    show_all: bool = typer.Option(
+        False, "--all", help="Include history: expired, retracted, superseded, unverified, rejected."
+    ),
     as_json: bool = _JSON,
     config: str | None = _CONFIG,
 ) -> None:
@@ -143,7 +145,9 @@ def memory_list(
 
             owner = await cli_ids.user_id(engine, user) if user is not None else None
             found = await store.list_records(scope=scope, owner_user_id=owner, include_history=show_all, limit=10_000)
-            return found, store.now()
+            now = store.now()
+            # Current facts only, unless --all: an expired note (past review-by) is history, never in use.
+            return ([r for r in found if show_all or r.effective_status(now) != "expired"]), now
 
         records, now = _with_ids(config, action)
         if as_json:
@@ -305,26 +309,79 @@ def revisions_undo(
 @memory_app.command("retract")
 def memory_retract(
     record_id: str,
+    by: str = typer.Option(..., "--by", help="The paired admin who retracts it (a unified user id)."),
     reason: str = typer.Option(..., "--reason", help="Why (kept with the retraction)."),
     as_json: bool = _JSON,
     config: str | None = _CONFIG,
 ) -> None:
-    """Retract a live operational note (agent_notes): a later event by the operator; nothing is deleted."""
+    """Retract an operational note: a later event by a named, paired admin; nothing is deleted."""
 
     def body() -> None:
         from gateway.cli import out
-        from memory.review import retract_note
+        from gateway.memory_glue import principal_lookup
+        from memory.retract import retract_by
+        from pairing.store import PairingStore
 
         async def action(store: MemoryStore, engine: Any) -> MemoryRecordView:
             from gateway import cli_ids
 
-            return await retract_note(store, OPERATOR, await cli_ids.record_id(engine, record_id), reason=reason)
+            lookup = principal_lookup(PairingStore(engine))
+            return await retract_by(store, lookup, await cli_ids.record_id(engine, record_id), by=by, reason=reason)
 
         rec = _with_ids(config, action)
         if as_json:
             _print_json(rec.as_json())
         else:
-            out.print(f"retracted {rec.id} ('{rec.subject}'): kept as history, no longer used", highlight=False)
+            out.print(f"retracted {rec.id} ('{rec.subject}') by {by}: kept as history, no longer used", highlight=False)
+
+    _guarded(body)
+
+
+# ---- revise ------------------------------------------------------------------------------
+
+
+@memory_app.command("revise")
+def memory_revise(
+    record_ids: list[str] = typer.Argument(None, help="Records to revise (default: every current operational note)."),
+    as_json: bool = _JSON,
+    config: str | None = _CONFIG,
+) -> None:
+    """Belief revision on demand (cause ``revise``), under one run: undo it with 'revisions undo --run'."""
+
+    def body() -> None:
+        from gateway.cli import load, out
+        from gateway.llm.factory import make_provider
+        from gateway.scheduler import judge_model
+        from memory.belief_revision import BeliefReviser
+        from memory.store import new_run_id
+
+        cfg = load(config)
+
+        async def action(engine: Any) -> dict[str, Any]:
+            store = MemoryStore(engine)
+            ids = list(record_ids or []) or [n.id for n in await store.live_notes(limit=100_000)]
+            provider = make_provider(cfg.llm)
+            await provider.start()
+            try:
+                reviser = BeliefReviser(store, judge_model(provider), judge_model=provider.model)
+                run_id = new_run_id("rv")
+                outcomes = await reviser.revise_many(ids, cause="revise", run_id=run_id)
+            finally:
+                await provider.stop()
+            retired = sorted({r for o in outcomes for r in o.retired})
+            return {"run_id": run_id, "revised": len(outcomes), "retired": retired}
+
+        result = _with_engine(cfg, action)
+        if as_json:
+            _print_json(result)
+        else:
+            retired = result["retired"]
+            listed = f" ({', '.join(retired)})" if retired else ""
+            out.print(
+                f"revision run {result['run_id']}: {result['revised']} record(s) revised, {len(retired)} retired"
+                + listed,
+                highlight=False,
+            )
 
     _guarded(body)
 
@@ -353,7 +410,8 @@ def review_list(ctx: typer.Context, as_json: bool = _JSON, config: str | None = 
         else:
             _table(records, now)
             for r in records:
-                out.print(f"{r.id}: session {r.session_id or '-'}, evidence {', '.join(r.evidence) or '-'}")
+                held = f", held because: {r.status_reason}" if r.status_reason else ""
+                out.print(f"{r.id}: session {r.session_id or '-'}, evidence {', '.join(r.evidence) or '-'}{held}")
 
     _guarded(body)
 

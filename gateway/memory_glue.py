@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -39,10 +41,12 @@ from memory import (
 from memory.belief_revision import BeliefReviser
 from memory.extract import ExtractOutcome
 from memory.identity import IdentityStore
+from memory.notes import BY_HAND, CONVERSATION, Audience
 from memory.obligations import FindingsStore
 from memory.render import IDENTITY_SCOPES_RENDERED, identity_lines
+from memory.retract import MEMORY_RETRACT_DESCRIPTION, MEMORY_RETRACT_SCHEMA, authorize_retract, memory_retract_tool
 from memory.revisions import authorize_undo, list_revisions, undo_revision, undo_revision_run
-from memory.store import MemoryStoreError
+from memory.store import MemoryStoreError, new_run_id
 from memory.tools import MEMORY_SEARCH_DESCRIPTION, MEMORY_WRITE_DESCRIPTION
 from memory.tools_admin import (
     NOTES_DISTILL_DESCRIPTION,
@@ -57,12 +61,54 @@ from memory.tools_admin import (
 from memory.types import ExtractorModel
 from memory.writer import WriteResult
 from pairing.principal import Principal
+from pairing.store import PairingError, PairingStore
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
 log = logging.getLogger(__name__)
 IDENTITY_TTL_S = 30.0
+
+_BY_HAND: ContextVar[bool] = ContextVar("goclaw_run_by_hand", default=False)
+
+
+@contextmanager
+def run_by_hand() -> Iterator[None]:
+    """Turns inside this block are a run by hand (``goclaw chat``): they see every current note.
+
+    Seed 001: "A session run by hand with no leased unit has no unit type, so it
+    sees every current entry, scoped or not."
+    """
+    token = _BY_HAND.set(True)
+    try:
+        yield
+    finally:
+        _BY_HAND.reset(token)
+
+
+def principal_lookup(pairing: PairingStore) -> Callable[[str], Awaitable[Principal | None]]:
+    """The pairing store's principal for a unified user id, or None when nobody is paired by it."""
+
+    async def lookup(user_id: str) -> Principal | None:
+        try:
+            return await pairing.principal_for_user(user_id)
+        except PairingError:
+            return None
+
+    return lookup
+
+
+def mark_run_by_hand() -> None:
+    """From here on in this task's context, turns are a run by hand (``goclaw chat``'s loop)."""
+    _BY_HAND.set(True)
+
+
+def audience_of(run: RunContext | None) -> Audience:
+    """Who a turn's prompt is for: an SOP run (name, tags), a run by hand, or a conversation."""
+    if run is not None and run.sop_name:
+        return Audience(sop_name=run.sop_name, tags=tuple(run.scope_tags))
+    return BY_HAND if _BY_HAND.get() else CONVERSATION
+
 
 MEMORY_REVISIONS_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -111,6 +157,9 @@ async def memory_revisions_tool(store: MemoryStore, principal: Principal, args: 
 SUMMARY_SUBJECT = "conversation summary"
 
 
+_RUN_PREFIX = {"memory_write": "mw", "directive": "nt", "live": "ex"}
+
+
 class RevisingWriter(MemoryWriter):
     """The gated writer, followed by belief revision for every new live record it writes.
 
@@ -122,13 +171,19 @@ class RevisingWriter(MemoryWriter):
     on_identity_write: Callable[[], None] | None = None
 
     async def write(self, principal: Principal, scope: str, source: str, **kwargs: Any) -> WriteResult:
-        """Write through the gate, then revise what was written."""
+        """Write through the gate, then revise what was written, all under one run id.
+
+        Issue 11: every retirement from the live path carries its run id, so the
+        subject rule's retirements (inside the write) and the judge's (after it)
+        are undone together by ``goclaw memory revisions undo --run``.
+        """
+        kwargs["run_id"] = kwargs.get("run_id") or new_run_id(_RUN_PREFIX.get(source, "lv"))
         result = await super().write(principal, scope, source, **kwargs)
         if result.written and scope in IDENTITY_SCOPES_RENDERED and self.on_identity_write is not None:
             self.on_identity_write()
         record = result.record if result.written else None
         if self.reviser is not None and record is not None and record.status == "live":
-            await self.reviser.revise(record.id, cause="live")
+            await self.reviser.revise(record.id, cause="live", run_id=kwargs["run_id"])
         return result
 
 
@@ -176,8 +231,10 @@ class GatewayMemory:
     async def context(
         self, principal: Principal, conversation_text: str, *, run: RunContext | None = None
     ) -> MemoryContext:
-        """The speaker's own personal memory (humans only) and current operational notes."""
-        sections = await memory_sections(self.store, principal, conversation_text, token_budget=self.token_budget)
+        """The speaker's own personal memory (humans only) and the current operational notes for this turn."""
+        sections = await memory_sections(
+            self.store, principal, conversation_text, token_budget=self.token_budget, audience=audience_of(run)
+        )
         return MemoryContext(
             sections.operational, sections.personal, sections.used_ids, await self.identity(), why=sections.why
         )
@@ -198,6 +255,8 @@ class GatewayMemory:
         check the principal before they run (``authorize``).
         """
 
+        audience = audience_of(run)
+
         async def write(p: Principal, args: Mapping[str, Any]) -> str:
             return await memory_write(
                 self.writer,
@@ -207,10 +266,15 @@ class GatewayMemory:
                 session_id=session_id,
                 message_id=message_id,
                 max_chars=self.max_chars,
+                # The host stamps the run (an SOP run's own id); the model never supplies provenance.
+                run_id=run.run_id if run is not None and run.run_id else None,
             )
 
         async def search(p: Principal, args: Mapping[str, Any]) -> str:
-            return await memory_search(self.store, p, args)
+            return await memory_search(self.store, p, args, audience=audience)
+
+        async def retract(p: Principal, args: Mapping[str, Any]) -> str:
+            return await memory_retract_tool(self.store, p, args)
 
         async def review(p: Principal, args: Mapping[str, Any]) -> str:
             return await review_learned(self.writer, p, args, reviser=self.reviser)
@@ -227,6 +291,7 @@ class GatewayMemory:
             Tool("review_learned", REVIEW_LEARNED_DESCRIPTION, REVIEW_LEARNED_SCHEMA, review, authorize_review_learned),
             Tool("notes_distill", NOTES_DISTILL_DESCRIPTION, NOTES_DISTILL_SCHEMA, distill, authorize_notes_distill),
             Tool("memory_revisions", MEMORY_REVISIONS_DESCRIPTION, MEMORY_REVISIONS_SCHEMA, revisions, authorize_undo),
+            Tool("memory_retract", MEMORY_RETRACT_DESCRIPTION, MEMORY_RETRACT_SCHEMA, retract, authorize_retract),
             *(
                 self.facts.tools(principal, session_id=session_id, message_id=message_id, run=run, said_text=said_text)
                 if self.facts
@@ -263,6 +328,8 @@ class GatewayMemory:
             # A trim whose messages the idle sweep extracted already: only its summary is left.
             log.info("job %s: nothing new to extract in %s", job.id, archive_id or "the idle slice")
         outcome = ExtractOutcome()
+        # One run id for the whole slice: its records, the subject rule's and the judge's retirements.
+        run_id = new_run_id("ex")
         try:
             if slice_:
                 outcome = await process_slice(
@@ -273,12 +340,15 @@ class GatewayMemory:
                     session_id=payload["session_id"],
                     archive_id=archive_id,
                     source="live",
+                    run_id=run_id,
                 )
         except MalformedExtraction as exc:
             raise ParkableError(f"malformed extractor answer ({exc.problem})", exc.raw) from None
         # The subject rule ran inside each write; the judge looks further. A failing
         # judge retires nothing and does not fail the job.
-        await self.reviser.revise_many([r.id for r in outcome.written if r.status == "live"], cause="live")
+        await self.reviser.revise_many(
+            [r.id for r in outcome.written if r.status == "live"], cause="live", run_id=run_id
+        )
         # policy: the summary goes to personal memory only when every message in the
         # slice was the current speaker's; a shared thread's summary stays in the session.
         # The summary is the trimmed slice's (the whole of it, whoever extracted which part);
@@ -299,6 +369,7 @@ class GatewayMemory:
                 owner_user_id=owner,
                 session_id=payload["session_id"],
                 evidence=(str(archive_id),),
+                run_id=run_id,
             )
         log.info(
             "job %s: %s: %d written, %d operational dropped, %d model calls",

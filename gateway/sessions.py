@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.models import Archive, Job, Message, Session, TurnRecord
 from gateway.replies import unanswered_or_reply
+from memory.archive_format import render_archive_markdown
 from memory.types import SliceMessage
 from pairing.principal import Principal, PrincipalKind, Role
 
@@ -131,34 +132,21 @@ def principal_from_json(d: dict[str, Any]) -> Principal:
 def render_archive(
     session: Session, archive_id: str, messages: Sequence[StoredMessage], trust: str, summary: str
 ) -> str:
-    """The markdown document of a trimmed slice: one parseable line per message."""
-    lines = [
-        f"# Session archive {archive_id}",
-        "",
-        f"- **Session**: {session.id} ({session.channel} / {session.conversation_id}"
-        + (f" / thread {session.thread_id}" if session.thread_id else "")
-        + ")",
-        f"- **From**: {messages[0].said_at.isoformat()}",
-        f"- **To**: {messages[-1].said_at.isoformat()}",
-        f"- **Trust**: {trust}",
-        f"- **Messages**: {len(messages)}",
-        "",
-        "## Summary",
-        "",
-        summary,
-        "",
-        "## Messages",
-        "",
-    ]
-    for m in messages:
-        speaker = "agent" if m.is_agent else (m.speaker_user_id or "-")
-        text = m.text.replace("\\", "\\\\").replace("\n", "\\n")
-        name = m.display_name.replace("]", ")").replace("\n", " ")
-        lines.append(
-            f"- [{m.said_at.isoformat()}] [msg:{m.platform_message_id}] [user:{speaker}] "
-            f"[role:{m.stored_role or '-'}] [name:{name}] {text}"
-        )
-    return "\n".join(lines) + "\n"
+    """The markdown document of a trimmed slice: every field escaped, one line per message.
+
+    The format is memory's (``memory.archive_format``): relearn reads it back,
+    so no field a person controls may be able to forge a line.
+    """
+    return render_archive_markdown(
+        archive_id=archive_id,
+        session_id=session.id,
+        channel=session.channel,
+        conversation_id=session.conversation_id,
+        thread_id=session.thread_id or "",
+        messages=[m.as_slice() for m in messages],
+        trust=trust,
+        summary=summary,
+    )
 
 
 def summarize(messages: Sequence[StoredMessage], *, per_speaker: int = 3, chars: int = 160) -> str:

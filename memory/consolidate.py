@@ -22,7 +22,12 @@ How a run goes (:meth:`Consolidator.run`):
 5. each merge the model proposes is checked (only records it was shown, at
    least two, none twice, no vetoed pair) and written through the write gate
    (source ``consolidate``) as one new record that retires its sources, with
-   the run id, the model's name and the prompt version on each revision row.
+   the run id, the model's name and the prompt version on each revision row;
+6. before that, the merged text must be grounded in its sources
+   (:func:`memory.grounding.ungrounded`): every identifier and every content
+   word of it appears in at least one source. A merge that says anything its
+   sources do not is refused: nothing is written, nothing is retired, and the
+   run's report lists it (``ungrounded``).
 
 A malformed answer, or a merge naming a record the model was not shown, is
 ignored and logged; nothing is retired for it.
@@ -39,6 +44,7 @@ from functools import lru_cache
 from typing import Any
 
 from memory.belief_revision import load_json_answer
+from memory.grounding import ungrounded
 from memory.rules import same_note_key
 from memory.store import MemoryRecordView, MemoryStoreError, Merge, new_run_id, note_terms
 from memory.types import ExtractorModel
@@ -358,6 +364,8 @@ class ConsolidationRun:
     waiting: int = 0
     """Records in batches beyond the run's call limit: for the next run."""
     ignored: list[str] = field(default_factory=list)
+    ungrounded: list[str] = field(default_factory=list)
+    """Merges refused because their text says what none of their sources says (nothing retired)."""
     refused: str | None = None
 
     @property
@@ -384,6 +392,11 @@ class ConsolidationRun:
             text += f"; {self.waiting} note(s) wait for the next run"
         if self.ignored:
             text += f"; {len(self.ignored)} proposal(s) ignored"
+        if self.ungrounded:
+            text += (
+                f"; {len(self.ungrounded)} merge(s) refused as not grounded in their sources, nothing retired "
+                f"({'; '.join(self.ungrounded[:3])})"
+            )
         return text + "."
 
     def as_json(self) -> dict[str, Any]:
@@ -398,6 +411,7 @@ class ConsolidationRun:
             "skipped_looked_at": self.skipped_looked_at,
             "waiting": self.waiting,
             "ignored": list(self.ignored),
+            "ungrounded": list(self.ungrounded),
             "refused": self.refused,
         }
 
@@ -510,6 +524,13 @@ class Consolidator:
                 run.ignored.append(f"merge of {', '.join(merge.record_ids)} joins a pair an admin un-did")
                 continue
             sources = [shown[i] for i in merge.record_ids]
+            missing = ungrounded(merge.content, [f"{r.subject}\n{r.content}" for r in sources])
+            if missing:
+                # A merge restates its sources or it is not a merge: a model cannot author a note here.
+                why = f"merge of {', '.join(merge.record_ids)} says what no source says: {', '.join(missing[:8])}"
+                log.warning("consolidation run %s: refused %s", run.run_id, why)
+                run.ungrounded.append(why)
+                continue
             latest = max(sources, key=lambda r: (r.said_at, r.id))
             # The merged note keeps a subject of its sources: on any other, the subject rule would
             # retire a note nobody looked at.

@@ -21,7 +21,7 @@ from memory.rules import is_directive
 from memory.store import MemoryRecordView
 from memory.transcript import render_transcript
 from memory.types import KINDS, ExtractedItem, ExtractorModel, SliceMessage
-from memory.words import terms
+from memory.words import identifiers, terms
 from memory.writer import MemoryWriter, WriteResult
 from pairing.principal import SYSTEM_PRINCIPALS, Principal, Role, is_human_admin
 
@@ -399,19 +399,6 @@ def _evidence_for(item: ExtractedItem, speaker: SpeakerLines) -> tuple[SliceMess
     return tuple(m for s, m in scored if s == best)
 
 
-_TOKEN = re.compile(r"[\w.:/@-]+", re.UNICODE)
-
-
-def _identifiers(text: str) -> set[str]:
-    """Identifier-like tokens: they carry an underscore, a digit, a dot, a slash, a colon or an @."""
-    found = set()
-    for raw in _TOKEN.findall(text.lower()):
-        token = raw.strip(".:-/@")
-        if len(token) >= 3 and any(c in token for c in "_0123456789./:@"):
-            found.add(token)
-    return found
-
-
 def ungrounded_identifiers(content: str, speaker: SpeakerLines) -> list[str]:
     """Identifiers in ``content`` that appear nowhere in the speaker's own messages.
 
@@ -419,7 +406,7 @@ def ungrounded_identifiers(content: str, speaker: SpeakerLines) -> list[str]:
     as context. A model may still lift a value from an agent reply that quoted
     someone else; code checks that every identifier of an item was the speaker's.
     """
-    wanted = _identifiers(content)
+    wanted = identifiers(content)
     if not wanted:
         return []
     own = " ".join(m.text for m in speaker.messages).lower()

@@ -9,9 +9,11 @@ The table below is the seed's RBAC x learning matrix plus its "Autonomous
 runs" rules; ``tests/memory/test_gate.py`` has one test per cell.
 
 The function is pure: it reads the principal (whose role came from the
-pairing store), the scope, the source, the operator's ``memory.write_access``
-and, for extraction, whether the speaker is trusted per the shared-conversation
-rules. Nothing a message says reaches it.
+pairing store), the scope, the source, the operator's ``memory.write_access``,
+for extraction whether the speaker is trusted per the shared-conversation
+rules, and for agent_notes whether the item carries personal data
+(``memory.personal.personal_data``, computed from the content by the writer).
+Nothing a message says can widen what it allows.
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ def decide(
     write_access: WriteAccess = NO_EXTRA_WRITERS,
     owner_user_id: str | None = None,
     trusted: bool | None = None,
+    personal_data: str | None = None,
 ) -> GateDecision:
     """Decide whether ``principal`` may write ``scope`` from ``source``.
 
@@ -156,6 +159,12 @@ def decide(
         trusted: For extraction, the speaker's authority per the shared
             conversation rules (``lines_by_speaker``); it can only narrow a live
             speaker's authority, never widen it. For relearn, the archive's trust.
+        personal_data: For agent_notes, what personal data the item carries
+            (``memory.personal.personal_data``), or None. An operational item
+            with personal data is never learned live: what would be written
+            live is written ``unverified`` for ``review_learned`` instead,
+            except an admin's own ``@notes:`` (typed by them) and a confirm
+            (their decision after review).
 
     Returns:
         The verdict, with a reason (always) and a message for a person (refusals).
@@ -180,9 +189,9 @@ def decide(
         )
 
     if source in ("live", "relearn"):
-        return _extraction(principal, scope, source, trusted, verdict)
+        return _hold_personal(_extraction(principal, scope, source, trusted, verdict), personal_data, verdict)
     if source == "memory_write":
-        return _memory_write(principal, scope, write_access, verdict)
+        return _hold_personal(_memory_write(principal, scope, write_access, verdict), personal_data, verdict)
     if source == "decision":
         # Seed 001: identity is written "only by the S5 decision path, when a named person accepts a
         # proposal". memory.identity calls this with the deciding admin, for an open proposal only.
@@ -216,6 +225,19 @@ def decide(
         return verdict(Verdict.WRITE, f"consolidation by {_who(principal)}")
     return verdict(
         Verdict.REFUSE, f"consolidation by {_who(principal)}", "Merging operational notes requires an administrator."
+    )
+
+
+def _hold_personal(decision: GateDecision, personal_data: str | None, verdict: _Answer) -> GateDecision:
+    """An agent_notes write that would be live, with personal data in it: unverified, with why."""
+    if personal_data is None or decision.scope != OPERATIONAL_SCOPE or decision.verdict is not Verdict.WRITE:
+        return decision
+    # Issue 9 (4): the model classifies, so an admin's "my email is ..." can come back
+    # operational; shared knowledge must not carry one person's data without a person's review.
+    return verdict(
+        Verdict.WRITE_UNVERIFIED,
+        f"an operational item carrying personal data ({personal_data}) is not learned live: "
+        "held as unverified for review_learned",
     )
 
 

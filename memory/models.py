@@ -56,6 +56,12 @@ class MemoryRecord(MemoryBase):
     evidence: Mapped[list[Any]] = mapped_column(JSON)
     run_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     superseded_by: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    status_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """Why the gate wrote it ``unverified`` (quarantined for review), when it did."""
+    applies_to: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    """agent_notes: the SOP names / tags the fact is for (None: every conversation and run)."""
+    citations: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    """What the writer cited (free text from a model or person; ``evidence`` is what the host stamped)."""
 
 
 class MemoryRevision(MemoryBase):

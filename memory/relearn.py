@@ -9,7 +9,10 @@ does not retire the newer value."
 - :func:`parse_archive` reads the markdown an archive is stored as (and
   exported as): the ``**Trust**:`` line of its header, its session and date
   range, and one ``- [iso] [msg:ID] [user:UID|-|agent] [role:R|-] [name:N] text``
-  line per message, back into :class:`~memory.types.SliceMessage`.
+  line per message, back into :class:`~memory.types.SliceMessage`. Every field is
+  escaped (``memory.archive_format``, format 2), so no field can forge a line;
+  a line that cannot be read exactly is not learned and the summary lists it,
+  and a format-1 archive (written before the escaping) is read only when whole.
 - :func:`relearn_archives` re-extracts each archive with the SAME ``lines_by_speaker``,
   extractor prompt, parser and ``handle_fact_extract`` as the live path, through
   the SAME write gate (source ``relearn``): each item is dated by the message
@@ -27,12 +30,12 @@ does not retire the newer value."
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from memory.archive_format import read_archive
 from memory.belief_revision import BeliefReviser, RevisionOutcome
 from memory.extract import (
     EXTRACTOR_PROMPT,
@@ -65,14 +68,6 @@ class ArchiveFormatError(ValueError):
     """The text is not a session archive (no header, or no message lines)."""
 
 
-_TITLE = re.compile(r"^#\s+Session archive\s+(?P<id>\S+)\s*$")
-_HEADER = re.compile(r"^-\s+\*\*(?P<key>[A-Za-z]+)\*\*:\s*(?P<value>.*?)\s*$")
-_MESSAGE = re.compile(
-    r"^- \[(?P<at>[^\]]+)\] \[msg:(?P<mid>[^\]]*)\] \[user:(?P<user>[^\]]*)\] \[role:(?P<role>[^\]]*)\] "
-    r"\[name:(?P<name>[^\]]*)\] ?(?P<text>.*)$"
-)
-
-
 @dataclass(frozen=True, slots=True)
 class ParsedArchive:
     """One archive as read from its markdown."""
@@ -86,8 +81,17 @@ class ParsedArchive:
     messages: tuple[SliceMessage, ...]
     origin: str = ""
     """Where it was read from (``database`` or a file path), for the summary."""
-    skipped_lines: int = 0
-    """Message-section lines that were not a message line (left out)."""
+    unreadable: tuple[str, ...] = ()
+    """``line N: why`` for each line that could not be read exactly (left out, never learned)."""
+    format: int = 1
+    """The archive format (``memory.archive_format``): 1 before fields were escaped, 2 since."""
+    refused: str | None = None
+    """Why nothing of this archive is relearned (a format-1 archive that is not whole), else None."""
+
+    @property
+    def skipped_lines(self) -> int:
+        """How many lines were left out as unreadable."""
+        return len(self.unreadable)
 
     @property
     def name(self) -> str:
@@ -107,113 +111,48 @@ class ParsedArchive:
         return None if self.trust in TRUST_VALUES else "unknown"
 
 
-def _unescape(text: str) -> str:
-    # The inverse of render_archive's escaping: "\\" -> "\", "\n" -> newline.
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and i + 1 < len(text):
-            nxt = text[i + 1]
-            if nxt == "n":
-                out.append("\n")
-                i += 2
-                continue
-            if nxt == "\\":
-                out.append("\\")
-                i += 2
-                continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
-def _utc(value: str) -> datetime:
-    at = datetime.fromisoformat(value.strip())
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
-
-
 def parse_archive(markdown: str, *, origin: str = "") -> ParsedArchive:
-    """Read an archive's markdown back: its trust, session, date range and messages.
+    """Read an archive's markdown back: its trust, session, date range and messages, exactly.
 
     Only the header (before the first ``##`` section) is read for the
     ``**Session**``/``**From**``/``**To**``/``**Trust**`` lines, so nothing a
     person wrote (in the summary or a message) can set the trust. Two
-    different trust lines read as an unknown value.
+    different trust lines read as an unknown value. A line that cannot be
+    read exactly is left out and listed in ``unreadable`` (it is never
+    guessed at); a format-1 archive with such a line is refused whole
+    (``refused``), since there a field could have forged a line
+    (``memory.archive_format``).
 
     Raises:
         ArchiveFormatError: no ``# Session archive`` title and no message lines.
     """
-    archive_id = session_id = None
-    trusts: list[str] = []
-    start = end = None
-    messages: list[SliceMessage] = []
-    skipped = 0
-    section = "header"
-    for line in markdown.splitlines():
-        if section == "header" and (m := _TITLE.match(line)):
-            archive_id = m.group("id")
-            continue
-        if line.startswith("## "):
-            section = line[3:].strip().lower()
-            continue
-        if section == "header":
-            h = _HEADER.match(line)
-            if not h:
-                continue
-            key, value = h.group("key").lower(), h.group("value")
-            if key == "session" and value:
-                session_id = value.split()[0]
-            elif key == "trust":
-                trusts.append(value.strip().lower())
-            elif key in ("from", "to") and value:
-                try:
-                    at = _utc(value)
-                except ValueError:
-                    continue
-                if key == "from":
-                    start = at
-                else:
-                    end = at
-            continue
-        if section != "messages" or not line.strip():
-            continue
-        msg = _MESSAGE.match(line)
-        if msg is None:
-            skipped += 1
-            continue
-        try:
-            said_at = _utc(msg.group("at"))
-        except ValueError:
-            skipped += 1
-            continue
-        user = msg.group("user").strip()
-        role = msg.group("role").strip()
-        is_agent = user == "agent"
-        messages.append(
-            SliceMessage(
-                message_id=msg.group("mid"),
-                user_id=None if is_agent or user in ("", "-") else user,
-                stored_role=None if is_agent or role in ("", "-") else role,
-                display_name=msg.group("name"),
-                text=_unescape(msg.group("text")),
-                said_at=said_at,
-                is_agent=is_agent,
-            )
-        )
-    if archive_id is None and not messages:
+    read = read_archive(markdown)
+    if read.archive_id is None and not read.messages:
         raise ArchiveFormatError(f"{origin or 'the text'} is not a session archive (no title, no message lines)")
     trust: str | None
-    if not trusts:
+    if not read.trusts:
         trust = None
-    elif len(set(trusts)) == 1:
-        trust = trusts[0]
+    elif len(set(read.trusts)) == 1:
+        trust = read.trusts[0]
     else:
-        trust = "conflicting: " + " / ".join(dict.fromkeys(trusts))
+        trust = "conflicting: " + " / ".join(dict.fromkeys(read.trusts))
+    messages = tuple(read.messages) if read.refused is None else ()
+    start, end = read.start_at, read.end_at
     if messages:
         start = start or min(m.said_at for m in messages)
         end = end or max(m.said_at for m in messages)
-    return ParsedArchive(archive_id, session_id, trust, start, end, tuple(messages), origin, skipped)
+    return ParsedArchive(
+        read.archive_id,
+        read.session_id,
+        trust,
+        start,
+        end,
+        messages,
+        origin,
+        tuple(read.unreadable),
+        read.format,
+        read.refused,
+    )
 
 
 def select_archives(
@@ -272,6 +211,8 @@ class ArchiveOutcome:
             "session_id": self.archive.session_id,
             "trust": self.archive.trust,
             "trust_problem": self.archive.trust_problem,
+            "format": self.archive.format,
+            "unreadable_lines": list(self.archive.unreadable),
             "learned": [r.as_json() for r in self.learned],
             "history": [r.as_json() for r in self.history],
             "quarantined": [r.as_json() for r in self.quarantined],
@@ -311,6 +252,7 @@ class RelearnSummary:
             "archives_failed": sum(1 for a in self.archives if a.error is not None),
             "archives_without_trust": len(self.without_trust),
             "archives_with_unknown_trust": len(self.unknown_trust),
+            "unreadable_lines": self._sum(lambda a: len(a.archive.unreadable)),
             "retired_by_belief_revision": self._sum(lambda a: sum(len(r.retired) for r in a.revisions)),
         }
 
@@ -339,6 +281,13 @@ class RelearnSummary:
                 f"(operational items quarantined): {listed}"
             )
         for a in self.archives:
+            if a.archive.unreadable and a.archive.refused is None:
+                shown = "; ".join(a.archive.unreadable[:3])
+                more = f" (and {len(a.archive.unreadable) - 3} more)" if len(a.archive.unreadable) > 3 else ""
+                out.append(
+                    f"archive {a.archive.name}: {len(a.archive.unreadable)} line(s) could not be read exactly "
+                    f"and were not learned: {shown}{more}"
+                )
             if a.error:
                 out.append(f"archive {a.archive.name} was not relearned: {a.error}")
         if self.interrupted:
@@ -429,6 +378,13 @@ async def relearn_archives(
     for archive in archives:
         out = ArchiveOutcome(archive)
         summary.archives.append(out)
+        if archive.refused is not None:
+            # Fail closed: an archive whose lines may be forged teaches nothing, and the summary says why.
+            log.warning("relearn: archive %s refused: %s", archive.name, archive.refused)
+            out.error = archive.refused
+            if on_archive is not None:
+                on_archive(out)
+            continue
         try:
             plan = await _extract(model, archive, out)
         except MalformedExtraction as exc:
@@ -475,4 +431,5 @@ def relearn_rows(summary: RelearnSummary) -> Sequence[tuple[str, int]]:
         ("archives failed", c["archives_failed"]),
         ("archives with no trust line", c["archives_without_trust"]),
         ("archives with unknown trust", c["archives_with_unknown_trust"]),
+        ("lines not read exactly (not learned)", c["unreadable_lines"]),
     ]

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
+from memory.notes import CONVERSATION, Audience, applies
 from memory.store import MemoryRecordView, MemoryStore
 from memory.words import estimate_tokens, terms
 from pairing.principal import Principal
@@ -131,8 +132,14 @@ def _provenance(record: MemoryRecordView) -> str:
     if record.author_role:
         who += f" ({record.author_role})"
     text = f"taught by {who} on {record.said_at:%Y-%m-%d}"
-    if record.scope == "agent_notes" and record.review_by is not None:
-        text += f"; review by {record.review_by:%Y-%m-%d}"
+    if record.scope == "agent_notes":
+        # Seed 001: "Each entry is rendered as a fact with its provenance and its review-by date".
+        if record.run_id:
+            text += f", run {record.run_id}"
+        if record.applies_to:
+            text += f"; for {', '.join(record.applies_to)}"
+        if record.review_by is not None:
+            text += f"; review by {record.review_by:%Y-%m-%d}"
     return text
 
 
@@ -169,6 +176,7 @@ async def memory_sections(
     *,
     token_budget: int,
     now: datetime | None = None,
+    audience: Audience = CONVERSATION,
 ) -> MemorySections:
     """Choose and render the memory for one turn's prompt.
 
@@ -180,6 +188,8 @@ async def memory_sections(
         conversation_text: The recent conversation, for relevance.
         token_budget: The most tokens (``ceil(chars / 4)``) both sections together may take.
         now: The time notes are current at (default: the store's clock).
+        audience: Who the prompt is for: a note scoped to SOP names / tags goes
+            only to runs of those SOPs (and a run by hand); unscoped notes to all.
 
     Returns:
         The two sections (empty strings when nothing fits), the ids used, and the tokens.
@@ -202,7 +212,12 @@ async def memory_sections(
     # ranked here with BM25 over the person's own records.
     matched = [r for r, _ in cands.matched_notes]
     seen = {r.id for r in matched}
-    notes = matched + [r for r in cands.recent_notes if r.id not in seen]
+    notes = [
+        r
+        for r in matched + [r for r in cands.recent_notes if r.id not in seen]
+        # Defence in depth: only current notes (the SQL already asks), and only those for this audience.
+        if r.current(at) and applies(r.applies_to, audience)
+    ]
     # Defence in depth: only the speaker's own live personal records, whatever the query returned.
     own = [r for r in cands.personal if user_id and r.owner_user_id == user_id and r.scope == "personal"]
     personal = _rank(own, qset)

@@ -154,9 +154,10 @@ def _line(r: MemoryRecordView) -> str:
     if r.author_role:
         who += f" ({r.author_role})"
     evidence = ", ".join(r.evidence) if r.evidence else "none"
+    held = f"; held because: {r.status_reason}" if r.status_reason else ""
     return (
         f"- {r.id} [{r.subject}] {r.content} (said {r.said_at:%Y-%m-%d %H:%M} UTC by {who}; "
-        f"source {r.source}; session {r.session_id or '-'}; evidence: {evidence})"
+        f"source {r.source}; session {r.session_id or '-'}; evidence: {evidence}{held})"
     )
 
 

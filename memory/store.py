@@ -15,7 +15,7 @@ import secrets
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
@@ -49,11 +49,12 @@ from memory.models import (
     MemoryRevision,
     MemoryTerm,
 )
+from memory.notes import MAX_REVIEW_DAYS, is_expired, review_by_problem
 from memory.paraphrase import same_fact
 from memory.words import subject_key, terms
 from pairing.models import UTCDateTime
 
-MAX_REVIEW_DAYS = 90
+__all__ = ["MAX_REVIEW_DAYS"]
 MAX_SUBJECT_CHARS = 200
 MAX_NOTE_TERMS = 64
 
@@ -96,12 +97,22 @@ class MemoryRecordView:
     evidence: tuple[str, ...]
     run_id: str | None
     superseded_by: str | None
+    status_reason: str | None = None
+    """Why it was written ``unverified`` (held for review), when it was."""
+    applies_to: tuple[str, ...] = ()
+    """agent_notes: the SOP names / tags it is for; () is every conversation and run."""
+    citations: tuple[str, ...] = ()
+    """What the writer cited (not provenance: ``evidence`` is what the host stamped)."""
 
     def effective_status(self, now: datetime) -> str:
         """The status, with a live note past its review-by date shown as ``expired``."""
-        if self.status == "live" and self.review_by is not None and self.review_by <= now:
+        if self.status == "live" and is_expired(self.review_by, now):
             return "expired"
         return self.status
+
+    def current(self, now: datetime) -> bool:
+        """Live and not past its review-by date: what may be rendered or given to the model."""
+        return self.effective_status(now) == "live"
 
     def as_json(self, now: datetime | None = None) -> dict[str, Any]:
         """The JSON shape the CLI prints."""
@@ -122,6 +133,9 @@ class MemoryRecordView:
             "evidence": list(self.evidence),
             "run_id": self.run_id,
             "superseded_by": self.superseded_by,
+            "status_reason": self.status_reason,
+            "applies_to": list(self.applies_to),
+            "citations": list(self.citations),
         }
 
 
@@ -175,6 +189,13 @@ class Added:
     retired: tuple[str, ...] = ()
     duplicate: bool = False
     """True when the same fact was already on record: nothing was written, ``record`` is the known one."""
+
+
+@dataclass(frozen=True, slots=True)
+class _NoteFields:
+    review_by: datetime | None
+    applies_to: tuple[str, ...]
+    citations: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +293,9 @@ def _view(row: Any) -> MemoryRecordView:
         evidence=tuple(str(e) for e in (m["evidence"] or ())),
         run_id=m["run_id"],
         superseded_by=m["superseded_by"],
+        status_reason=m.get("status_reason"),
+        applies_to=tuple(str(x) for x in (m.get("applies_to") or ())),
+        citations=tuple(str(x) for x in (m.get("citations") or ())),
     )
 
 
@@ -416,7 +440,9 @@ class MemoryStore:
         session_id: str | None = None,
         evidence: Sequence[str] = (),
         run_id: str | None = None,
-        review_days: int = MAX_REVIEW_DAYS,
+        review_by: datetime | None = None,
+        applies_to: Sequence[str] = (),
+        citations: Sequence[str] = (),
         merge: Merge | None = None,
         session: AsyncSession | None = None,
     ) -> Added:
@@ -437,7 +463,11 @@ class MemoryStore:
             session_id: The chat session it came from.
             evidence: Message ids and/or an archive id.
             run_id: The job or run that wrote it.
-            review_days: agent_notes come up for review this many days after recording (at most 90).
+            review_by: agent_notes: when the fact comes up for review; required, in the future and at
+                most 90 days out (seed 001), or the store refuses the entry. A merge takes the earliest
+                of its sources' instead.
+            applies_to: agent_notes: the SOP names / tags it is for (empty: everyone).
+            citations: What the writer cited (kept apart from the host-stamped ``evidence``).
             merge: For consolidation: the live notes this record merges (each is retired by it).
             session: Join this transaction instead of opening one.
 
@@ -453,7 +483,8 @@ class MemoryStore:
             raise MemoryStoreError("a memory record needs content")
         if merge is not None and decision.source != "consolidate":
             raise MemoryStoreError("only consolidation merges records")
-        args = (decision, subject, content, said_at, session_id, tuple(evidence), run_id, review_days, merge)
+        extra = _NoteFields(review_by, tuple(applies_to), tuple(str(c) for c in citations))
+        args = (decision, subject, content, said_at, session_id, tuple(evidence), run_id, extra, merge)
         if session is None:
             async with self.transaction() as s:
                 return await self._add(s, *args)
@@ -474,7 +505,7 @@ class MemoryStore:
         session_id: str | None,
         evidence: Sequence[str],
         run_id: str | None,
-        review_days: int,
+        extra: _NoteFields,
         merge: Merge | None,
     ) -> Added:
         now = self.now()
@@ -486,10 +517,12 @@ class MemoryStore:
         key = subject_key(subject) or subject_key(content)[:60]
         principal = decision.principal
         status = decision.status
-        review_by = None
-        if scope == "agent_notes":
-            # Seed 001: review-by is required, in the future, and at most 90 days out.
-            review_by = now + timedelta(days=max(1, min(review_days, MAX_REVIEW_DAYS)))
+        review_by = extra.review_by if scope == "agent_notes" else None
+        if scope == "agent_notes" and merge is None:
+            # Seed 001: "The store refuses ... a reviewBy in the past ... a reviewBy more than 90 days out".
+            problem = review_by_problem(review_by, now)
+            if problem:
+                raise MemoryStoreError(problem)
 
         rec = MemoryRecord(
             id=new_record_id(),
@@ -509,6 +542,9 @@ class MemoryStore:
             evidence=[str(e) for e in evidence],
             run_id=run_id,
             superseded_by=None,
+            status_reason=decision.reason if status == "unverified" else None,
+            applies_to=list(extra.applies_to) if scope == "agent_notes" and extra.applies_to else None,
+            citations=list(extra.citations) or None,
         )
         await self._lock_subject(s, scope, owner, key)
         if merge is not None:
@@ -528,11 +564,20 @@ class MemoryStore:
             )
         ]
         for known in same_subject:
-            if known.status == "live" and decision.source in _EXTRACTED and same_fact(known.content, content):
+            if (
+                known.status == "live"
+                and decision.source in _EXTRACTED
+                and not is_expired(known.review_by, now)
+                and same_fact(known.content, content)
+            ):
                 # A paraphrase of a live fact (the extractor rewording an admin's @notes:) is no
                 # new value: keep the earlier, more authoritative wording; retire nothing.
                 return Added(known, duplicate=True)
             if _said_again(known.content) != said_again:
+                continue
+            if known.status == "live" and is_expired(known.review_by, now):
+                # Seed 001: a fact still true after its review date "is recorded again": an expired
+                # entry does not absorb it, or it could never come back.
                 continue
             if known.status == "live":
                 # The same fact said again (each trim re-reads it) is not a new value: keep the first.
@@ -581,6 +626,8 @@ class MemoryStore:
                     R.status == "live",
                     R.id != record.id,
                     _same_owner(record.owner_user_id),
+                    # An expired note stays expired in the read model: a new value does not retire it.
+                    or_(R.review_by.is_(None), R.review_by > self.now()),
                 )
             )
         ]
@@ -631,6 +678,16 @@ class MemoryStore:
             src = sources.get(rid)
             if src is None or src.scope != "agent_notes" or src.owner_user_id is not None or src.status != "live":
                 raise MemoryStoreError(f"cannot merge {rid}: it is not a live agent note (any more)")
+        # Seed 001 / issue 11: consolidation never extends a review-by: the merge takes the earliest.
+        dated = [v.review_by for v in sources.values() if v.review_by is not None]
+        if dated:
+            rec.review_by = min(dated)
+        problem = review_by_problem(rec.review_by, self.now())
+        if problem:
+            raise MemoryStoreError(f"cannot merge: {problem}")
+        # Scoped only as narrowly as its widest source: an unscoped source was already everyone's.
+        scopes = [v.applies_to for v in sources.values()]
+        rec.applies_to = None if any(not sc for sc in scopes) else sorted({n for sc in scopes for n in sc})
         s.add(rec)
         s.add_all(MemoryTerm(term=t, record_id=rec.id) for t in note_terms(rec.subject, rec.content))
         await s.flush()
@@ -771,10 +828,14 @@ class MemoryStore:
     async def live_on_subject(
         self, scope: str, subject_key: str, *, owner_user_id: str | None = None
     ) -> list[MemoryRecordView]:
-        """The live records on one normalised subject (one owner's for personal), newest said first."""
+        """The live, current records on one normalised subject (one owner's for personal), newest said first.
+
+        An expired note is left out: it stays expired in the read model, nothing retires it.
+        """
         q = (
             select(MemoryRecord.__table__)
             .where(R.scope == scope, R.subject_key == subject_key, R.status == "live", _same_owner(owner_user_id))
+            .where(or_(R.review_by.is_(None), R.review_by > self.now()))
             .order_by(R.said_at.desc(), R.id)
         )
         async with self._read() as conn:
@@ -798,6 +859,7 @@ class MemoryStore:
             select(MemoryRecord.__table__, shared.c.n)
             .join(shared, shared.c.record_id == R.id)
             .where(R.status == "live", R.scope == "agent_notes")
+            .where(or_(R.review_by.is_(None), R.review_by > self.now()))
             .order_by(shared.c.n.desc(), R.said_at.desc(), R.id)
             .limit(limit)
         )

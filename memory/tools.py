@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from memory.models import SCOPES
+from memory.notes import CONVERSATION, REVIEW_BY_HELP, Audience, ReviewByError, applies, clean_scope, parse_review_by
 from memory.rules import operational_subject
 from memory.store import MemoryRecordView, MemoryStore
 from memory.writer import MemoryWriter
@@ -35,6 +36,24 @@ MEMORY_WRITE_SCHEMA: dict[str, Any] = {
         },
         "subject": {"type": "string", "description": "A short, stable topic, e.g. 'report data source'."},
         "content": {"type": "string", "description": "The fact, written so it can be acted on later."},
+        "review_by": {
+            "type": "string",
+            "description": (
+                "Required for agent_notes: when this fact should be reviewed, an ISO date (2027-01-15) or "
+                "days from now (30d); in the future and at most 90 days out. Past it the note is expired "
+                "and no longer used. A fact meant to hold for good is a rule, not a note."
+            ),
+        },
+        "applies_to": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "agent_notes: the SOP names or tags this fact is for; leave out for everyone.",
+        },
+        "evidence": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "What the fact rests on (message or archive ids, documents, what you read).",
+        },
     },
     "required": ["scope", "subject", "content"],
     "additionalProperties": False,
@@ -43,7 +62,7 @@ MEMORY_WRITE_SCHEMA: dict[str, Any] = {
 
 MEMORY_WRITE_DESCRIPTION = (
     "Save a fact to memory. Use scope='personal' for facts about the person you are talking to; "
-    "agent_notes (operational knowledge) can be written only by administrators."
+    "agent_notes (operational knowledge, dated facts with a review_by) can be written only by administrators."
 )
 
 MEMORY_SEARCH_SCHEMA: dict[str, Any] = {
@@ -59,7 +78,18 @@ MEMORY_SEARCH_DESCRIPTION = (
     "values that were replaced, each with its date and status."
 )
 
-_NOTES = re.compile(r"^\s*@notes\s*:", re.IGNORECASE)
+_NOTES = re.compile(r"^\s*@notes\s*(?:\[(?P<review>[^\]\n]*)\])?\s*:", re.IGNORECASE)
+MAX_CITATIONS = 20
+
+
+def _strings(value: Any, what: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{what} must be a list of strings")
+    return [v.strip()[:500] for v in value if v.strip()]
 
 
 async def memory_write(
@@ -71,8 +101,15 @@ async def memory_write(
     session_id: str | None,
     message_id: str | None,
     max_chars: int = DEFAULT_MAX_CHARS,
+    run_id: str | None = None,
 ) -> str:
     """The ``memory_write`` tool: save one fact to a scope, if the gate allows it.
+
+    For agent_notes, ``review_by`` is required (seed 001: "required, in the
+    future and at most 90 days out"), ``applies_to`` scopes the fact to SOP
+    names or tags, and ``evidence`` is what the writer cites. The host stamps
+    who (the principal), when, the session, the message and ``run_id``; no
+    argument can set them.
 
     Returns:
         What was saved (and what it replaced), or an error/refusal a person can act on.
@@ -88,6 +125,23 @@ async def memory_write(
     subject = str(args.get("subject") or "").strip() or (
         operational_subject(content) if scope == "agent_notes" else content[:60]
     )
+    review_by = None
+    applies_to: tuple[str, ...] = ()
+    citations: list[str] = []
+    if scope == "agent_notes":
+        decision = writer.decide(principal, scope, "memory_write", content=content)
+        if not decision.writes:
+            # Who may write comes first: a refusal points a non-admin to personal memory.
+            return decision.message
+        try:
+            raw = args.get("review_by")
+            if raw is None or not str(raw).strip():
+                raise ReviewByError(f"review_by is required for agent_notes: {REVIEW_BY_HELP}")
+            review_by = parse_review_by(str(raw), writer.store.now())
+            applies_to = clean_scope(_strings(args.get("applies_to"), "applies_to"))
+            citations = _strings(args.get("evidence"), "evidence")[:MAX_CITATIONS]
+        except ValueError as exc:
+            return f"error: {exc}. Nothing was saved."
     result = await writer.write(
         principal,
         scope,
@@ -98,6 +152,10 @@ async def memory_write(
         owner_user_id=principal.user_id if scope == "personal" else None,
         session_id=session_id,
         evidence=[message_id] if message_id else [],
+        run_id=run_id,
+        review_by=review_by,
+        applies_to=applies_to,
+        citations=citations,
     )
     if result.record is None:
         return result.decision.message
@@ -113,6 +171,10 @@ def _saved(record: MemoryRecordView, retired: tuple[str, ...]) -> str:
         text += f" It replaces {', '.join(retired)} (kept as history)."
     if record.status == "superseded":
         text += f" A newer value on this subject is current ({record.superseded_by}); this one is kept as history."
+    if record.status == "unverified":
+        text += f" It is held as unverified for an administrator's review ({record.status_reason or 'see review'})."
+    if record.applies_to:
+        text += f" For {', '.join(record.applies_to)} only."
     if record.review_by is not None:
         text += f" Review by {record.review_by:%Y-%m-%d}."
     return text
@@ -127,10 +189,13 @@ async def handle_notes_directive(
     session_id: str | None,
     message_id: str | None,
     max_chars: int = DEFAULT_MAX_CHARS,
+    run_id: str | None = None,
 ) -> str | None:
-    """Handle a message that starts with ``@notes:``.
+    """Handle a message that starts with ``@notes:`` (or ``@notes[30d]:``, ``@notes[2027-01-15]:``).
 
-    Admins: the rest is saved to agent_notes and the reply confirms it. Anyone
+    Admins: the rest is saved to agent_notes and the reply confirms it, with a
+    review-by of ``memory.notes_review_days`` unless the brackets give one (in
+    the future, at most 90 days out, else refused: never clamped). Anyone
     else (regular users, unpaired senders, autonomous runs, whatever
     ``memory.write_access`` lists): refused, nothing saved.
 
@@ -149,6 +214,12 @@ async def handle_notes_directive(
         return "Nothing to note: write @notes: followed by the fact to remember."
     if len(content) > max_chars:
         return f"That note is {len(content)} characters; the limit is {max_chars}. Nothing was saved."
+    review_by = None
+    if match.group("review") is not None:
+        try:
+            review_by = parse_review_by(match.group("review"), writer.store.now())
+        except ReviewByError as exc:
+            return f"{exc}. Nothing was saved: write @notes[30d]: ... or @notes[2027-01-15]: ..."
     result = await writer.write(
         principal,
         "agent_notes",
@@ -158,6 +229,8 @@ async def handle_notes_directive(
         said_at=said_at,
         session_id=session_id,
         evidence=[message_id] if message_id else [],
+        run_id=run_id,
+        review_by=review_by,
     )
     if result.record is None:
         return result.decision.message
@@ -180,12 +253,21 @@ def _line(record: MemoryRecordView, now: datetime) -> str:
     )
 
 
-async def memory_search(store: MemoryStore, principal: Principal, args: Mapping[str, Any], *, limit: int = 20) -> str:
+async def memory_search(
+    store: MemoryStore,
+    principal: Principal,
+    args: Mapping[str, Any],
+    *,
+    limit: int = 20,
+    audience: Audience = CONVERSATION,
+) -> str:
     """The ``memory_search`` tool: the speaker's own personal memory and agent_notes, history included.
 
     Personal memory is searched only for a paired person, and only their own;
     autonomous runs and unpaired senders see operational notes only. Quarantined
-    (``unverified``) and rejected records are shown to admins only.
+    (``unverified``) and rejected records are shown to admins only. An expired
+    note (past its review-by) is never returned to the model (seed 001: "no
+    unit receives it"), nor a note scoped to SOPs this turn is not for.
     """
     query = str(args.get("query") or "").strip()
     if not query:
@@ -201,7 +283,12 @@ async def memory_search(store: MemoryStore, principal: Principal, args: Mapping[
         statuses=statuses,
         limit=limit,
     )
+    now = store.now()
+    found = [
+        r
+        for r in found
+        if r.scope != "agent_notes" or (r.effective_status(now) != "expired" and applies(r.applies_to, audience))
+    ]
     if not found:
         return f"No memory matches {query!r}."
-    now = store.now()
     return f"{len(found)} memory record(s) match {query!r}:\n" + "\n".join(_line(r, now) for r in found)

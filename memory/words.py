@@ -22,6 +22,7 @@ STOPWORDS: frozenset[str] = frozenset(
 )
 
 MAX_TERM_CHARS = 64
+_TOKEN = re.compile(r"[\w.:/@-]+", re.UNICODE)
 
 
 def subject_key(subject: str) -> str:
@@ -48,6 +49,20 @@ def terms(text: str) -> list[str]:
             word = word[:-1]
         out.append(word[:MAX_TERM_CHARS])
     return out
+
+
+def identifiers(text: str) -> set[str]:
+    """Identifier-like tokens (tables, hosts, paths, addresses, numbers), lowercased.
+
+    A token is one when it carries an underscore, a digit, a dot, a slash, a
+    colon or an @ (``example_orders``, ``db01.internal``, ``10.0.0.7``, ``42``).
+    """
+    found = set()
+    for raw in _TOKEN.findall(text.lower()):
+        token = raw.strip(".:-/@")
+        if len(token) >= 3 and any(c in token for c in "_0123456789./:@"):
+            found.add(token)
+    return found
 
 
 def estimate_tokens(text: str) -> int:

@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memory.gate import NO_EXTRA_WRITERS, GateDecision, WriteAccess, decide
+from memory.gate import NO_EXTRA_WRITERS, OPERATIONAL_SCOPE, GateDecision, WriteAccess, decide
+from memory.personal import personal_data
 from memory.store import MAX_REVIEW_DAYS, MemoryRecordView, MemoryStore, MemoryStoreError, Merge
 from pairing.principal import Principal
 
@@ -43,7 +44,8 @@ class MemoryWriter:
     Args:
         store: The memory store.
         write_access: The operator's ``memory.write_access``.
-        notes_review_days: When agent_notes come up for review (at most 90).
+        notes_review_days: When agent_notes come up for review when the writer gives no
+            review-by (``@notes:``, extraction, relearn): 1 to 90 days, or ValueError. Never clamped.
     """
 
     def __init__(
@@ -55,7 +57,14 @@ class MemoryWriter:
     ) -> None:
         self.store = store
         self.write_access = write_access
-        self.notes_review_days = max(1, min(notes_review_days, MAX_REVIEW_DAYS))
+        if not 1 <= notes_review_days <= MAX_REVIEW_DAYS:
+            # Seed 001: "at most 90 days out" -- refused, not silently clamped.
+            raise ValueError(f"notes_review_days is {notes_review_days}; use 1 to {MAX_REVIEW_DAYS}")
+        self.notes_review_days = notes_review_days
+
+    def default_review_by(self) -> datetime:
+        """The review-by of a note whose writer gave none: ``notes_review_days`` from now."""
+        return self.store.now() + timedelta(days=self.notes_review_days)
 
     def decide(
         self,
@@ -65,10 +74,22 @@ class MemoryWriter:
         *,
         owner_user_id: str | None = None,
         trusted: bool | None = None,
+        content: str | None = None,
     ) -> GateDecision:
-        """The gate's answer with this writer's ``write_access`` (nothing is written)."""
+        """The gate's answer with this writer's ``write_access`` (nothing is written).
+
+        ``content``, when given for agent_notes, is checked for personal data
+        (``memory.personal.personal_data``), an input to the gate's decision.
+        """
+        found = personal_data(content) if content is not None and scope == OPERATIONAL_SCOPE else None
         return decide(
-            principal, scope, source, write_access=self.write_access, owner_user_id=owner_user_id, trusted=trusted
+            principal,
+            scope,
+            source,
+            write_access=self.write_access,
+            owner_user_id=owner_user_id,
+            trusted=trusted,
+            personal_data=found,
         )
 
     async def write(
@@ -86,6 +107,9 @@ class MemoryWriter:
         evidence: Sequence[str] = (),
         run_id: str | None = None,
         merge: Merge | None = None,
+        review_by: datetime | None = None,
+        applies_to: Sequence[str] = (),
+        citations: Sequence[str] = (),
     ) -> WriteResult:
         """Ask the gate, then write (in its own transaction) what it allows."""
         async with self.batch() as batch:
@@ -102,6 +126,9 @@ class MemoryWriter:
                 evidence=evidence,
                 run_id=run_id,
                 merge=merge,
+                review_by=review_by,
+                applies_to=applies_to,
+                citations=citations,
             )
 
     @asynccontextmanager
@@ -168,9 +195,12 @@ class WriteBatch:
         *,
         owner_user_id: str | None = None,
         trusted: bool | None = None,
+        content: str | None = None,
     ) -> GateDecision:
         """The gate's answer (nothing is written)."""
-        return self._writer.decide(principal, scope, source, owner_user_id=owner_user_id, trusted=trusted)
+        return self._writer.decide(
+            principal, scope, source, owner_user_id=owner_user_id, trusted=trusted, content=content
+        )
 
     async def write(
         self,
@@ -187,9 +217,17 @@ class WriteBatch:
         evidence: Sequence[str] = (),
         run_id: str | None = None,
         merge: Merge | None = None,
+        review_by: datetime | None = None,
+        applies_to: Sequence[str] = (),
+        citations: Sequence[str] = (),
     ) -> WriteResult:
-        """Ask the gate, then write what it allows in this batch's transaction."""
-        decision = self.decide(principal, scope, source, owner_user_id=owner_user_id, trusted=trusted)
+        """Ask the gate, then write what it allows in this batch's transaction.
+
+        An agent note with no ``review_by`` gets the writer's default
+        (``notes_review_days`` from now); one that is given is checked by the
+        store as it is (in the future, at most 90 days out), never clamped.
+        """
+        decision = self.decide(principal, scope, source, owner_user_id=owner_user_id, trusted=trusted, content=content)
         if not decision.writes:
             return WriteResult(decision)
         added = await self._writer.store.add(
@@ -200,7 +238,9 @@ class WriteBatch:
             session_id=session_id,
             evidence=evidence,
             run_id=run_id,
-            review_days=self._writer.notes_review_days,
+            review_by=review_by or (self._writer.default_review_by() if scope == OPERATIONAL_SCOPE else None),
+            applies_to=applies_to,
+            citations=citations,
             merge=merge,
             session=self._session,
         )

@@ -42,7 +42,12 @@ async def test_admin_model_tool_call_writes_agent_notes_through_the_gate(sqlite_
     gw = await _gateway(sqlite_url, peer.base_url)
     try:
         admin = await gw.pairing.principal_for_user((await gw.pairing.add_user("Alice", "admin")).id)
-        args = {"scope": "agent_notes", "subject": "report data source", "content": "use example_orders"}
+        args = {
+            "scope": "agent_notes",
+            "subject": "report data source",
+            "content": "use example_orders",
+            "review_by": "30d",
+        }
         peer.reply_tool_calls(("memory_write", args))
         peer.reply_text("Saved.")
         result = await gw.turns.handle(turn(admin, "remember: the report uses example_orders", "m1"))
@@ -67,6 +72,7 @@ async def test_admin_model_tool_call_writes_agent_notes_through_the_gate(sqlite_
             "propose_policy_change",
             "identity_decide",
             "obligation_resolve",
+            "memory_retract",
         }
     finally:
         await gw.stop()

@@ -90,3 +90,24 @@ def test_errors_are_one_line_and_exit_2(workdir: Path) -> None:
     assert missing.returncode == 2 and "no memory record" in missing.stderr
     no_config = goclaw_memory("list", "--config", str(workdir / "absent.yaml"), cwd=workdir)
     assert no_config.returncode == 2 and "Traceback" not in no_config.stderr
+
+
+def test_an_expired_note_is_listed_only_with_all(workdir: Path) -> None:
+    async def expired_note() -> str:
+        engine = make_engine(f"sqlite+aiosqlite:///{workdir / 'data' / 'goclaw.db'}")
+        try:
+            # Written a year ago with a 3-day review-by: long expired by the CLI's (real) clock.
+            writer = MemoryWriter(MemoryStore(engine, clock=lambda: T0 - timedelta(days=365)), notes_review_days=3)
+            res = await writer.write(
+                ALICE, "agent_notes", "live", subject="vpn", content="vpn01.internal", said_at=T0 - timedelta(days=365)
+            )
+            assert res.record is not None
+            return res.record.id
+        finally:
+            await engine.dispose()
+
+    rid = asyncio.run(expired_note())
+    current = json.loads(goclaw_memory("list", "--scope", "agent_notes", "--json", cwd=workdir).stdout)
+    assert rid not in {r["id"] for r in current}
+    everything = json.loads(goclaw_memory("list", "--all", "--scope", "agent_notes", "--json", cwd=workdir).stdout)
+    assert [r["status"] for r in everything if r["id"] == rid] == ["expired"]

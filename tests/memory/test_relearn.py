@@ -90,7 +90,7 @@ def test_parse_archive_reads_back_what_render_archive_wrote() -> None:
     assert [(m.message_id, m.user_id, m.stored_role, m.is_agent, m.said_at) for m in back] == [
         (m.message_id, m.user_id, m.stored_role, m.is_agent, m.said_at) for m in messages
     ]
-    assert back[2].display_name == "Stranger [x)"  # render_archive keeps "]" out of the name
+    assert back[2].display_name == "Stranger [x]"  # escaped, so read back exactly
 
 
 def test_only_the_header_sets_the_trust() -> None:

@@ -119,9 +119,53 @@ def test_consolidate_then_retract(workdir: Path) -> None:
     }
     assert all(r["judge_model"] == "builtin-offline" for r in revisions)
 
-    error(goclaw_memory("retract", merge["record_id"], "--reason", " ", cwd=workdir), "needs a reason")
+    admin, user = _pair(workdir)
+    rid = merge["record_id"]
+    # Issue 11: --by names a paired admin, checked in code; the CLI no longer records "operator".
+    error(goclaw_memory("retract", rid, "--by", user, "--reason", "moved", cwd=workdir), "is not an admin")
+    error(goclaw_memory("retract", rid, "--by", "operator", "--reason", "moved", cwd=workdir), "not a paired person")
+    error(goclaw_memory("retract", rid, "--by", admin, "--reason", " ", cwd=workdir), "needs a reason")
     done = json.loads(
-        ok(goclaw_memory("retract", merge["record_id"], "--reason", "moved", "--json", cwd=workdir)).stdout
+        ok(goclaw_memory("retract", rid, "--by", admin, "--reason", "moved", "--json", cwd=workdir)).stdout
     )
     assert done["status"] == "retracted"
-    error(goclaw_memory("retract", merge["record_id"], "--reason", "again", cwd=workdir), "only a live note")
+    error(goclaw_memory("retract", rid, "--by", admin, "--reason", "again", cwd=workdir), "only a live note")
+
+
+def _pair(workdir: Path) -> tuple[str, str]:
+    from pairing.store import PairingStore
+
+    async def pair() -> tuple[str, str]:
+        engine = make_engine(f"sqlite+aiosqlite:///{workdir / 'data' / 'goclaw.db'}")
+        try:
+            store = PairingStore(engine)
+            return (await store.add_user("Ada", "admin")).id, (await store.add_user("Ben", "user")).id
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(pair())
+
+
+def test_revise_on_demand_is_a_revision_run_with_cause_revise(workdir: Path) -> None:
+    async def two_values() -> list[str]:
+        engine = make_engine(f"sqlite+aiosqlite:///{workdir / 'data' / 'goclaw.db'}")
+        try:
+            writer = MemoryWriter(MemoryStore(engine))
+            old = await writer.write(
+                ALICE, "agent_notes", "live", subject="report table", content="The report uses example_orders.",
+                said_at=T0,
+            )  # fmt: skip
+            new = await writer.write(
+                ALICE, "agent_notes", "live", subject="report source",
+                content="Use example_archive instead of example_orders for the report.", said_at=T0 + DAY,
+            )  # fmt: skip
+            assert old.record and new.record
+            return [old.record.id, new.record.id]
+        finally:
+            await engine.dispose()
+
+    old, new = asyncio.run(two_values())
+    run = json.loads(ok(goclaw_memory("revise", new, "--json", cwd=workdir)).stdout)
+    assert run["run_id"].startswith("rv_") and run["revised"] == 1 and run["retired"] == [old]
+    rows = json.loads(ok(goclaw_memory("revisions", "--run", run["run_id"], "--json", cwd=workdir)).stdout)
+    assert [(r["retired_id"], r["replacing_id"], r["cause"]) for r in rows] == [(old, new, "revise")]

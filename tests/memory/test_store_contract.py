@@ -70,12 +70,19 @@ async def test_add_returns_the_record_with_provenance(writer: MemoryWriter, cloc
 
 async def test_review_by_is_at_most_ninety_days_out(store: MemoryStore, clock: Clock) -> None:
     short = MemoryWriter(store, notes_review_days=30)
-    long = MemoryWriter(store, notes_review_days=400)
     a = (await short.write(ALICE, "agent_notes", "live", subject="a", content="x", said_at=T0)).record
-    b = (await long.write(ALICE, "agent_notes", "live", subject="b", content="y", said_at=T0)).record
     assert a and a.review_by == clock.now + timedelta(days=30)
-    assert b and b.review_by == clock.now + timedelta(days=90)
-    p = (await long.write(BOB, "personal", "live", subject="name", content="Bob", said_at=T0)).record
+    # Issue 11: "Silent clamping is gone": a default past 90 days is refused, and so is such an entry.
+    with pytest.raises(ValueError, match="use 1 to 90"):
+        MemoryWriter(store, notes_review_days=400)
+    with pytest.raises(MemoryStoreError, match="100 days out; at most 90"):
+        await short.write(
+            ALICE, "agent_notes", "live", subject="b", content="y", said_at=T0,
+            review_by=clock.now + timedelta(days=100),
+        )  # fmt: skip
+    with pytest.raises(MemoryStoreError, match="not in the future"):
+        await short.write(ALICE, "agent_notes", "live", subject="b", content="y", said_at=T0, review_by=clock.now)
+    p = (await short.write(BOB, "personal", "live", subject="name", content="Bob", said_at=T0)).record
     assert p and p.review_by is None
 
 

@@ -22,7 +22,7 @@ KW = {"said_at": T0, "session_id": "s1", "message_id": "msg-1"}
 
 
 async def test_admin_memory_write_to_agent_notes_is_saved(writer: MemoryWriter) -> None:
-    args = {"scope": "agent_notes", "subject": "report data source", "content": "example_orders"}
+    args = {"scope": "agent_notes", "subject": "report data source", "content": "example_orders", "review_by": "90d"}
     reply = await memory_write(writer, ALICE, args, **KW)
     assert reply.startswith("Saved to agent_notes (m_") and "Review by" in reply
     (rec,) = await writer.store.live_notes()
@@ -47,7 +47,8 @@ async def test_regular_user_memory_write_to_agent_notes_is_refused_and_pointed_t
 
 async def test_write_access_lets_a_listed_user_write_agent_notes(store: MemoryStore) -> None:
     writer = MemoryWriter(store, write_access=WriteAccess(users=["u_bob"]))
-    reply = await memory_write(writer, BOB, {"scope": "agent_notes", "subject": "s", "content": "c"}, **KW)
+    args = {"scope": "agent_notes", "subject": "s", "content": "c", "review_by": "30d"}
+    reply = await memory_write(writer, BOB, args, **KW)
     assert reply.startswith("Saved to agent_notes")
     refused = await memory_write(writer, BOB, {"scope": "global", "subject": "s", "content": "c"}, **KW)
     assert "propose_policy_change" in refused and "Nothing was saved" in refused
@@ -56,7 +57,10 @@ async def test_write_access_lets_a_listed_user_write_agent_notes(store: MemorySt
 async def test_system_runs_may_record_results_in_agent_notes_but_nothing_else(writer: MemoryWriter) -> None:
     for run in (CRON, SOP, WEBHOOK):
         ok = await memory_write(
-            writer, run, {"scope": "agent_notes", "subject": "run", "content": str(run.system_name)}, **KW
+            writer,
+            run,
+            {"scope": "agent_notes", "subject": "run", "content": str(run.system_name), "review_by": "7d"},
+            **KW,
         )
         assert ok.startswith("Saved to agent_notes")
         for scope in ("global", "agent_config"):
@@ -116,15 +120,19 @@ async def test_notes_directive_edge_cases(writer: MemoryWriter) -> None:
     assert too_long and "the limit is 10" in too_long
 
 
+NOTE = {"review_by": "9d"}
+
+
 async def test_memory_search_shows_own_personal_and_notes_with_history(writer: MemoryWriter, clock: Clock) -> None:
     await memory_write(
         writer,
         ALICE,
-        {"scope": "agent_notes", "subject": "report data source", "content": "example_orders report"},
+        {"scope": "agent_notes", "subject": "report data source", "content": "example_orders report", **NOTE},
         **KW,
     )
     await memory_write(
-        writer, ALICE, {"scope": "agent_notes", "subject": "report data source", "content": "example_archive report"},
+        writer, ALICE,
+        {"scope": "agent_notes", "subject": "report data source", "content": "example_archive report", **NOTE},
         **{**KW, "said_at": T0 + timedelta(days=1)},
     )  # fmt: skip
     await memory_write(

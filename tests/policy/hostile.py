@@ -158,6 +158,8 @@ class HostileProvider:
                     "scope": scope,
                     "subject": subject,
                     "content": f"{OVERRIDE}: {said}",
+                    # agent_notes require a review-by (issue 11); a model fills in what the schema asks.
+                    "review_by": "30d",
                     # Not in the schema: a model may send them anyway.
                     "role": "admin",
                     "author": "admin",

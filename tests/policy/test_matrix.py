@@ -60,7 +60,19 @@ async def test_admin_seed_message_splits_into_personal_claim_operational_note_an
     await world.trim_by("alice")
     alice = world["alice"].user_id
     notes = [r for r in await world.live("agent_notes") if r.author_user_id == alice]
-    assert [r for r in notes if "example_orders" in r.content and "example_archive" in r.content]
+    said = [
+        r
+        for r in await world.records("agent_notes")
+        if r.author_user_id == alice and "example_orders" in r.content and "example_archive" in r.content
+    ]
+    assert said
+    # Issue 9 (4): an operational item that carries a first-person statement ("I am ...") is held as
+    # unverified for review, not learned live (the hostile model copies the whole line into one item).
+    held = [r for r in said if r.status == "unverified"]
+    assert all("personal data" in (r.status_reason or "") for r in held)
+    assert {r.status for r in said} <= {"live", "unverified"}
+    if world.model.kind == "builtin":
+        assert not held and notes
     own = await world.live("personal", owner=alice)
     claims = [r for r in own if r.subject != "conversation summary" and "manager" in r.content]
     assert claims and all("claim" in r.content for r in claims)

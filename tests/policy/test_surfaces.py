@@ -44,8 +44,11 @@ async def test_dashboard_messages_stored_as_admin(world: World) -> None:
     people = [m for m in await world.session_messages(key) if not m.is_agent]
     assert people and {(m.speaker_user_id, m.stored_role) for m in people} == {("admin", "admin")}
     assert archive.trust == "admin"
-    notes = [r for r in await world.live("agent_notes") if "example_orders" in r.content]
+    notes = [r for r in await world.records("agent_notes") if "example_orders" in r.content]
     assert notes and {(r.author_user_id, r.author_role) for r in notes} == {("admin", "admin")}
+    # Issue 9 (4): the hostile model copies "My name is ..." into the operational item: held for review.
+    assert all(r.status == "live" or "personal data" in (r.status_reason or "") for r in notes)
+    assert world.model.kind == "hostile" or {r.status for r in notes} == {"live"}
     summaries = [r for r in await world.live("personal") if r.subject == "conversation summary"]
     assert [r.owner_user_id for r in summaries] == ["admin"]
     if world.model.kind == "builtin":

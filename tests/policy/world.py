@@ -264,7 +264,7 @@ class World:
             results = [r for name, r in self.model.tool_results[seen:] if name == "memory_write"]
             return results[: len(scopes)]
         await send()
-        args = {"subject": copied_subject(text), "content": f"{OVERRIDE}: {text}"}
+        args = {"subject": copied_subject(text), "content": f"{OVERRIDE}: {text}", "review_by": "30d"}
         return [await self.call_tool(principal, "memory_write", {"scope": s, **args}, key=key) for s in scopes]
 
     # ---- trims and the worker -----------------------------------------------------------

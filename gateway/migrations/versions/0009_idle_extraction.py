@@ -1,14 +1,14 @@
 """idle extraction: each session's "extracted through" mark
 
 Revision ID: 0009_idle_extraction
-Revises: 0007_identity_intelligence
+Revises: 0008_operational_facts
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0009_idle_extraction"
-down_revision = "0007_identity_intelligence"
+down_revision = "0008_operational_facts"
 branch_labels = None
 depends_on = None
 
