@@ -16,9 +16,12 @@ from tests.peers.fake_discord import running_fake_discord
 from tests.peers.fake_teams import PERSONAL_CHAT_ID, FakeConnector, teams_activity
 
 
-def config(url: str, sops: list[dict[str, Any]], *, teams: bool = False) -> Config:
+def config(url: str, sops: list[dict[str, Any]], *, teams: bool = False, service_url: str = "") -> Config:
+    # Teams sends only to allowed service URLs (issue 9 item 6): the local connector is listed.
+    allowed = [service_url] if service_url else []
+    teams_cfg = {"enabled": teams, **({"allowed_service_urls": allowed} if allowed else {})}
     return Config.model_validate(
-        {"database": {"url": url}, "channels": {"teams": {"enabled": teams}}, "automation": {"sops": sops}}
+        {"database": {"url": url}, "channels": {"teams": teams_cfg}, "automation": {"sops": sops}}
     )
 
 
@@ -30,7 +33,11 @@ async def test_teams_delivery_survives_a_restart(db_url: str, clock: Clock) -> N
     sops = [report(f"teams:{PERSONAL_CHAT_ID}")]
     with FakeConnector() as connector:
         # The conversation talks to the bot once (here: an unpaired user, who gets a pairing code) ...
-        gw = Gateway(config(db_url, sops, teams=True), provider=ScriptedProvider(), clock=clock)
+        gw = Gateway(
+            config(db_url, sops, teams=True, service_url=connector.service_url),
+            provider=ScriptedProvider(),
+            clock=clock,
+        )
         await gw.start(channels=True, worker=False)
         server = TestServer(gw.web, host="127.0.0.1")
         await server.start_server()
@@ -45,7 +52,9 @@ async def test_teams_delivery_survives_a_restart(db_url: str, clock: Clock) -> N
 
         # ... and after a restart, with nothing in memory, the SOP's reply still reaches it.
         gw = Gateway(
-            config(db_url, sops, teams=True), provider=ScriptedProvider(lambda _m: "Report: 3 open"), clock=clock
+            config(db_url, sops, teams=True, service_url=connector.service_url),
+            provider=ScriptedProvider(lambda _m: "Report: 3 open"),
+            clock=clock,
         )
         await gw.start(channels=True, worker=False)
         try:
