@@ -141,7 +141,7 @@ async def test_a_runs_memory_write_saves_agent_notes_and_never_identity(make_wor
     if world.hostile:
         results = [r for name, r in world.hostile.tool_results if name == "memory_write"][:3]
     else:
-        args = {"subject": "nightly export", "content": f"{OVERRIDE}: 1200 rows in example_exports"}
+        args = {"subject": "nightly export", "content": f"{OVERRIDE}: 1200 rows in example_exports", "review_by": "30d"}
         results = [
             await world.call_tool(
                 Principal.system(run), "memory_write", {"scope": s, **args}, key=sop_key("export"), message_id=mid
