@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli_ids import IdError, choose
+from gateway.cli.ids import IdError, choose
 from gateway.config import ConfigError, check_secrets, load_config
 from gateway.db import make_engine, upgrade
 from memory.store import MemoryStore
