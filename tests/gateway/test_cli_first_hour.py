@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli_ids import IdError, choose
+from gateway.cli.ids import IdError, choose
 from gateway.config import ConfigError, check_secrets, load_config
 from gateway.db import make_engine, upgrade
 from memory.store import MemoryStore
@@ -148,7 +148,9 @@ def test_ids_are_whole_in_a_narrow_table_and_a_prefix_is_accepted(home: Path) ->
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["id"] == record
     one_line_error(goclaw("memory", "show", record[:4], cwd=home), "at least 6 characters")
-    one_line_error(goclaw("memory", "retract", "m_ffffffffffff", "--reason", "x", cwd=home), "no memory record")
+    admin = json.loads(goclaw("users", "add", "--name", "Ann", "--role", "admin", "--json", cwd=home).stdout)["id"]
+    missing = goclaw("memory", "retract", "m_ffffffffffff", "--by", admin, "--reason", "x", cwd=home)
+    one_line_error(missing, "no memory record")
 
 
 def test_users_role_takes_a_prefix(home: Path) -> None:

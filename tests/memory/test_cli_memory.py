@@ -17,7 +17,7 @@ from memory.store import MemoryStore
 from memory.writer import MemoryWriter
 from tests.memory.conftest import ALICE, BOB, CAROL, T0
 
-RUN = "from gateway.cli_memory import memory_app; memory_app(prog_name='goclaw memory')"
+RUN = "from gateway.cli.memory import memory_app; memory_app(prog_name='goclaw memory')"
 FIELDS = {"id", "scope", "user_id", "subject", "content", "status", "said_at", "recorded_at", "source", "author_id"}
 
 

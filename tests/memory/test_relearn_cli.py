@@ -19,7 +19,7 @@ from memory.store import MemoryStore
 from pairing.principal import Principal
 from tests.memory.conftest import ALICE, BOB, T0
 
-RUN = "from gateway.cli_memory import memory_app; memory_app(prog_name='goclaw memory')"
+RUN = "from gateway.cli.memory import memory_app; memory_app(prog_name='goclaw memory')"
 
 
 def goclaw_memory(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,7 @@ from memory.store import MemoryStore
 from memory.writer import MemoryWriter
 from tests.memory.conftest import ALICE, BOB, T0
 
-RUN = "from gateway.cli_memory import memory_app; memory_app(prog_name='goclaw memory')"
+RUN = "from gateway.cli.memory import memory_app; memory_app(prog_name='goclaw memory')"
 DAY = timedelta(days=1)
 
 

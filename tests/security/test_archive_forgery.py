@@ -214,7 +214,7 @@ async def world(tmp_path: Path, clock: Clock) -> AsyncIterator[World]:
 
 
 def _goclaw_memory(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    run = "from gateway.cli_memory import memory_app; memory_app(prog_name='goclaw memory')"
+    run = "from gateway.cli.memory import memory_app; memory_app(prog_name='goclaw memory')"
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.run(
         [sys.executable, "-c", run, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120

@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 import typer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.cli.common import ConfigOpt, JsonOpt
+from gateway.cli.common import guarded as common_guarded
 from memory.identity import IdentityStore, ProposalView, accept_proposal, authorize_decide, reject_proposal
 from memory.store import MemoryStore, MemoryStoreError
 from pairing.principal import Principal
@@ -25,23 +27,15 @@ identity_app = typer.Typer(
 )
 
 T = TypeVar("T")
-_CONFIG = typer.Option(None, "--config", "-c", help="Config file (else $GOCLAW_CONFIG, else ./config.yaml).")
-_JSON = typer.Option(False, "--json", help="Print JSON.")
+_CONFIG = ConfigOpt
+_JSON = JsonOpt
 _BY = typer.Option(..., "--by", help="The deciding admin's unified user id (see 'goclaw users list').")
 _RATIONALE = typer.Option(..., "--rationale", help="Why (kept with the decision).")
 
 
 def guarded(fn: Callable[[], None]) -> None:
-    """Run a command body with one-line errors (exit 2), never a traceback."""
-    from gateway.cli import cli_errors, fail
-
-    def body() -> None:
-        try:
-            fn()
-        except (MemoryStoreError, PairingError) as exc:
-            raise fail(str(exc)) from None
-
-    cli_errors(body)()
+    """Run a command body: one-line errors (exit 2), never a traceback."""
+    common_guarded(fn, MemoryStoreError, PairingError)
 
 
 def with_engine(config: str | None, action: Callable[[Any, AsyncEngine], Awaitable[T]]) -> T:
@@ -120,7 +114,7 @@ def identity_accept(
 
     def body() -> None:
         from gateway.cli import out, print_json
-        from gateway.cli_memory import _writer
+        from gateway.cli.memory import _writer
 
         async def action(cfg: Any, engine: AsyncEngine) -> Any:
             admin = await _decider(engine, by)

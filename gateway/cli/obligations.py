@@ -13,7 +13,8 @@ from typing import Any
 import typer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.cli_identity import guarded, named_person, with_engine
+from gateway.cli.common import ConfigOpt, JsonOpt
+from gateway.cli.identity import guarded, named_person, with_engine
 from memory.facts_models import DISPOSITIONS
 from memory.obligations import FindingsStore, ObligationHistory, ObligationView, resolve_obligation, route_pending
 
@@ -21,8 +22,8 @@ obligation_app = typer.Typer(help="One obligation: show it, resolve it (--by a p
 signals_app = typer.Typer(help="Intelligence signals from research SOPs: list them, route them.", no_args_is_help=True)
 obligation_app.info.no_args_is_help = True
 
-_CONFIG = typer.Option(None, "--config", "-c", help="Config file (else $GOCLAW_CONFIG, else ./config.yaml).")
-_JSON = typer.Option(False, "--json", help="Print JSON.")
+_CONFIG = ConfigOpt
+_JSON = JsonOpt
 
 
 def obligations_list(

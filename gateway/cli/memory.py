@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
+from gateway.cli.common import ConfigOpt, JsonOpt, guarded, print_json, with_engine
 from memory.models import SCOPES
 from memory.store import MemoryRecordView, MemoryStore, MemoryStoreError, RevisionView
 from pairing.principal import Principal, Role
@@ -39,21 +40,13 @@ OPERATOR = Principal.human("operator", Role.ADMIN, "operator")
 
 T = TypeVar("T")
 
-_CONFIG = typer.Option(None, "--config", "-c", help="Config file (else $GOCLAW_CONFIG, else ./config.yaml).")
-_JSON = typer.Option(False, "--json", help="Print JSON.")
+_CONFIG = ConfigOpt
+_JSON = JsonOpt
 
 
 def _guarded(fn: Callable[[], None]) -> None:
-    """Run a command body under ``gateway.cli.cli_errors`` (one line on stderr, exit 2)."""
-    from gateway.cli import cli_errors, fail
-
-    def body() -> None:
-        try:
-            fn()
-        except MemoryStoreError as exc:
-            raise fail(str(exc)) from None
-
-    cli_errors(body)()
+    """Run a command body: one-line errors (exit 2), never a traceback."""
+    guarded(fn, MemoryStoreError)
 
 
 def _with_store(config: str | None, action: Callable[[MemoryStore], Awaitable[T]]) -> T:
@@ -65,7 +58,7 @@ def _with_store(config: str | None, action: Callable[[MemoryStore], Awaitable[T]
 
 
 def _with_ids(config: str | None, action: Callable[[MemoryStore, Any], Awaitable[T]]) -> T:
-    """Like :func:`_with_store`, with the engine too, to resolve id prefixes (``gateway.cli_ids``)."""
+    """Like :func:`_with_store`, with the engine too, to resolve id prefixes (``gateway.cli.ids``)."""
     from gateway.cli import load
 
     return _with_engine(load(config), lambda engine: action(MemoryStore(engine), engine))
@@ -73,8 +66,6 @@ def _with_ids(config: str | None, action: Callable[[MemoryStore, Any], Awaitable
 
 def _with_engine(cfg: Config, action: Callable[[Any], Awaitable[T]]) -> T:
     """Open the database of ``cfg`` (migrating it), run ``action`` with the engine, close."""
-    from gateway.cli import with_engine
-
     return with_engine(cfg, action)
 
 
@@ -93,8 +84,6 @@ def _id_columns(*names: str) -> list[Any]:
 
 
 def _print_json(value: Any) -> None:
-    from gateway.cli import print_json
-
     print_json(value)
 
 
@@ -141,7 +130,7 @@ def memory_list(
             raise MemoryStoreError(f"unknown scope {scope!r}: use one of {', '.join(SCOPES)}")
 
         async def action(store: MemoryStore, engine: Any) -> tuple[list[MemoryRecordView], Any]:
-            from gateway import cli_ids
+            from gateway.cli import ids as cli_ids
 
             owner = await cli_ids.user_id(engine, user) if user is not None else None
             found = await store.list_records(scope=scope, owner_user_id=owner, include_history=show_all, limit=10_000)
@@ -184,7 +173,7 @@ def memory_show(record_id: str, as_json: bool = _JSON, config: str | None = _CON
         from gateway.cli import out
 
         async def action(store: MemoryStore, engine: Any) -> tuple[MemoryRecordView | None, list[RevisionView], Any]:
-            from gateway import cli_ids
+            from gateway.cli import ids as cli_ids
 
             rid = await cli_ids.record_id(engine, record_id)
             rec = await store.get(rid)
@@ -280,7 +269,7 @@ def revisions_undo(
             given = revision_id
 
             async def undo_one(store: MemoryStore, engine: Any) -> Any:
-                from gateway import cli_ids
+                from gateway.cli import ids as cli_ids
 
                 return await undo_revision(store, await cli_ids.revision_id(engine, given), principal=OPERATOR)
 
@@ -323,7 +312,7 @@ def memory_retract(
         from pairing.store import PairingStore
 
         async def action(store: MemoryStore, engine: Any) -> MemoryRecordView:
-            from gateway import cli_ids
+            from gateway.cli import ids as cli_ids
 
             lookup = principal_lookup(PairingStore(engine))
             return await retract_by(store, lookup, await cli_ids.record_id(engine, record_id), by=by, reason=reason)
@@ -426,7 +415,7 @@ def _review_action(given_id: str, config: str | None, as_json: bool, confirm: bo
     cfg = load(config)
 
     async def action(engine: Any) -> dict[str, Any]:
-        from gateway import cli_ids
+        from gateway.cli import ids as cli_ids
 
         store = MemoryStore(engine)
         writer = _writer(cfg, store)

@@ -16,6 +16,7 @@ import typer
 
 from gateway.automation import api
 from gateway.automation.store import AutomationStore, RunView, SopError
+from gateway.cli.common import ConfigOpt, JsonOpt, guarded
 
 if TYPE_CHECKING:
     from gateway.config import Config
@@ -23,21 +24,13 @@ if TYPE_CHECKING:
 sop_app = typer.Typer(help="Standing procedures (SOPs): schedules, webhooks, runs.", no_args_is_help=True)
 T = TypeVar("T")
 
-_CONFIG = typer.Option(None, "--config", "-c", help="Config file (else $GOCLAW_CONFIG, else ./config.yaml).")
-_JSON = typer.Option(False, "--json", help="Print JSON.")
+_CONFIG = ConfigOpt
+_JSON = JsonOpt
 
 
 def _guarded(fn: Callable[[], None]) -> None:
-    """Run a command body under ``gateway.cli.cli_errors`` (one line on stderr, exit 2)."""
-    from gateway.cli import cli_errors, fail
-
-    def body() -> None:
-        try:
-            fn()
-        except SopError as exc:
-            raise fail(str(exc)) from None
-
-    cli_errors(body)()
+    """Run a command body: one-line errors (exit 2), never a traceback."""
+    guarded(fn, SopError)
 
 
 def _load(config: str | None) -> Config:
