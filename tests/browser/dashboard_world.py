@@ -10,12 +10,22 @@ from datetime import UTC, datetime, timedelta
 from aiohttp import web
 
 from gateway.app import Gateway
+from gateway.automation import api
 from gateway.config import Config
 from gateway.sessions import SessionKey
 from gateway.turn import TurnRequest
 from pairing.principal import Principal, Role
 
 TOKEN = "dashboard-browser-token-0123456789abcdef"
+SOPS = [
+    {"name": "summary", "instruction": "Summarise yesterday's open questions.", "trigger": {"manual": True}},
+    {
+        "name": "daily-report",
+        "instruction": "Produce the daily report from the daily report data source.",
+        "trigger": {"cron": "0 7 * * 1-5", "tz": "Europe/Berlin"},
+    },
+    {"name": "queue-check", "instruction": "Check the import queue.", "trigger": {"every": "15m"}, "enabled": False},
+]
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 
 
@@ -103,13 +113,16 @@ async def seed(gw: Gateway) -> World:
                 display_name="Dashboard",
             )
         )
+    await api.run_now(gw.automation.runner, "daily-report")  # a run in its history
     return World(gw, "", alice, bob, carol, dana.code, old.record.id, new.record.id, revs[0].id, quarantined.record.id)
 
 
 @asynccontextmanager
 async def served_world(sqlite_url: str) -> AsyncIterator[World]:
     """A seeded gateway serving on 127.0.0.1 (an ephemeral port)."""
-    cfg = Config.model_validate({"database": {"url": sqlite_url}, "server": {"dashboard_token": TOKEN}})
+    cfg = Config.model_validate(
+        {"database": {"url": sqlite_url}, "server": {"dashboard_token": TOKEN}, "automation": {"sops": SOPS}}
+    )
     gw = Gateway(cfg)
     await gw.start(channels=False, worker=False)
     world = await seed(gw)

@@ -39,6 +39,7 @@ async def main() -> None:
                     "turns": "/dashboard/turns",
                     "explain": "/dashboard/turns/1",
                     "chat": "/dashboard/chat",
+                    "sops": "/dashboard/sops",
                 }
                 for name, path in shots.items():
                     await page.goto(w.base + path)

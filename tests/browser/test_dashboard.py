@@ -2,7 +2,7 @@
 
 One walk through what an admin does (log in, approve a pairing code, change a
 role, find a record, open its timeline, undo a revision, confirm an unverified
-record, log out), and the cross-site POST that must be refused.
+record, run an SOP, log out), and the cross-site POST that must be refused.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
+from gateway.automation import api
 from tests.browser.dashboard_world import TOKEN, World, served_world
 from tests.browser.test_webchat import CHROMIUM, LAUNCH_ARGS, _require_chromium
 
@@ -82,10 +83,22 @@ async def test_admin_does_the_day_to_day_in_the_browser(world: World) -> None:
             confirmed = await gw.memory.store.get(world.unverified)
             assert confirmed is not None and confirmed.status == "live"
 
+            # Run an SOP now and see its run in the history.
+            await page.click("header >> text=SOPs")
+            card = page.locator(".sop[data-sop='summary']")
+            assert await card.locator(".no-runs").count() == 1
+            await card.locator("button.run-now").click()
+            await page.wait_for_selector(".flash:has-text('Ran summary')")
+            runs = await api.list_runs(gw.automation.store, "summary")
+            assert [r.status for r in runs] == ["ok"]
+            row = page.locator(f"#history tr.run[data-run='{runs[0].id}']")
+            assert "ok" in (await row.locator(".badge").text_content() or "")
+            assert (runs[0].reply or "")[:20] in (await row.text_content() or "")
+
             # Every action above is in the audit, via dashboard, by admin.
             audit = await gw.pairing.audit_log()
             assert {(a[1], a[2]) for a in audit} == {("dashboard", "admin")}
-            assert {a[3] for a in audit} >= {"pair approve", "role", "memory undo", "memory confirm"}
+            assert {a[3] for a in audit} >= {"pair approve", "role", "memory undo", "memory confirm", "sop run"}
 
             # Log out: the dashboard is gone until the next login.
             await page.click("#logout")
