@@ -80,7 +80,7 @@ class Gateway:
         self.notices: NoticeDelivery
         self.web: web.Application
         self.automation: Automation
-        # Set before start() (the lead wires memory's obligations router here).
+        # Tests may set these before start(); start() adds memory's obligations and router.
         self.sop_holds: Holds | None = None
         self.sop_before_step: list[Hook] = []
 
@@ -95,6 +95,17 @@ class Gateway:
         self.provider = self._provider_override or make_provider(self.config.llm)
         await self.provider.start()
         self.memory, job_handlers = build_memory(self)
+        # seed 001: an obligation at blocking severity holds its SOP's runs, and the router
+        # runs before each scheduler step; "gateway/automation asks memory whether an SOP is held".
+        facts = self.memory.facts
+        assert facts is not None  # build_memory always sets it
+        if self.sop_holds is None:
+            self.sop_holds = facts.holds
+
+        async def route_findings() -> None:
+            await facts.before_step()
+
+        self.sop_before_step.append(route_findings)
         self.worker = JobWorker(
             self.sessions, job_handlers, metrics=self.metrics, lease_s=self.config.session.job_lease_seconds
         )

@@ -1,4 +1,4 @@
-"""The ``goclaw`` command: serve, config, db, users, pairing, chat, memory, sop."""
+"""The ``goclaw`` command: serve, config, db, users, pairing, chat, memory, sop, identity, obligations, signals."""
 
 from __future__ import annotations
 
@@ -51,6 +51,26 @@ def _mount_sop() -> None:
 
 
 _mount_sop()
+
+
+def _mount_identity() -> None:
+    from gateway.cli_identity import identity_app
+
+    app.add_typer(identity_app, name="identity")
+
+
+_mount_identity()
+
+
+def _mount_obligations() -> None:
+    from gateway.cli_obligations import obligation_app, obligations_list, signals_app
+
+    app.command("obligations")(obligations_list)
+    app.add_typer(obligation_app, name="obligation")
+    app.add_typer(signals_app, name="signals")
+
+
+_mount_obligations()
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)

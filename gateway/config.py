@@ -278,6 +278,62 @@ class MemoryConfig(_Model):
         return v
 
 
+Severity = Literal["info", "advisory", "blocking", "critical"]
+_SEVERITY_ORDER = ("info", "advisory", "blocking", "critical")
+
+
+class FloorConfig(_Model):
+    """A severity floor: a finding whose subject, observation or rationale matches is at least ``at_least``."""
+
+    pattern: str
+    at_least: Severity = "blocking"
+    why: str = ""
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"pattern {v!r} is not a valid regular expression ({exc})") from None
+        return v
+
+
+def _shipped_floors() -> list[FloorConfig]:
+    # Seed 001: "The shipped policy raises any of those that names an invariant (INV-nnn) or
+    # [the identity] to at least blocking, whatever the unit claimed."
+    return [
+        FloorConfig(pattern=r"\bINV-\d{3}\b", at_least="blocking", why="names an invariant"),
+        FloorConfig(pattern=r"\b(?:global|agent_config|identity)\b", at_least="blocking", why="names the identity"),
+    ]
+
+
+class IntelligenceConfig(_Model):
+    """How findings are routed (floors, the owed and blocking lines) and who may resolve what they raise."""
+
+    floors: list[FloorConfig] = Field(default_factory=_shipped_floors)
+    owed_at: Severity = "advisory"
+    blocks_at: Severity = "blocking"
+    resolvers: dict[Severity, list[Role]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _lines_in_order(self) -> IntelligenceConfig:
+        if _SEVERITY_ORDER.index(self.blocks_at) < _SEVERITY_ORDER.index(self.owed_at):
+            raise ValueError(
+                f"intelligence.blocks_at ({self.blocks_at}) is below intelligence.owed_at ({self.owed_at}): "
+                "only an owed finding opens an obligation that can hold"
+            )
+        for severity, roles in self.resolvers.items():
+            if not roles:
+                raise ValueError(f"intelligence.resolvers.{severity} is empty: name at least one role (admin, user)")
+        return self
+
+    def resolver_roles(self) -> dict[str, tuple[str, ...]]:
+        """Roles that may resolve each severity (admins where the config names none)."""
+        named: dict[str, list[Role]] = {str(k): v for k, v in self.resolvers.items()}
+        return {s: tuple(r.value for r in named.get(s, [Role.ADMIN])) for s in _SEVERITY_ORDER}
+
+
 class LoggingConfig(_Model):
     """Log output."""
 
@@ -295,6 +351,7 @@ class Config(_Model):
     channels: ChannelsConfig = Field(default_factory=ChannelsConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     automation: AutomationConfig = Field(default_factory=AutomationConfig)
+    intelligence: IntelligenceConfig = Field(default_factory=IntelligenceConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="after")

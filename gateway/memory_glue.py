@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from gateway.facts_glue import FactsGlue
 from gateway.idle import messages_between
 from gateway.llm.base import Tool
 from gateway.models import Job
@@ -37,6 +38,8 @@ from memory import (
 )
 from memory.belief_revision import BeliefReviser
 from memory.extract import ExtractOutcome
+from memory.identity import IdentityStore
+from memory.obligations import FindingsStore
 from memory.render import IDENTITY_SCOPES_RENDERED, identity_lines
 from memory.revisions import authorize_undo, list_revisions, undo_revision, undo_revision_run
 from memory.store import MemoryStoreError
@@ -153,6 +156,7 @@ class GatewayMemory:
         self.token_budget = token_budget
         self.max_chars = max_chars
         self._identity: tuple[float, str] | None = None
+        self.facts: FactsGlue | None = None  # identity proposals, intelligence, obligations (build_memory sets it)
 
     def forget_identity(self) -> None:
         """Drop the cached identity lines (an admin changed them)."""
@@ -222,6 +226,7 @@ class GatewayMemory:
             Tool("review_learned", REVIEW_LEARNED_DESCRIPTION, REVIEW_LEARNED_SCHEMA, review, authorize_review_learned),
             Tool("notes_distill", NOTES_DISTILL_DESCRIPTION, NOTES_DISTILL_SCHEMA, distill, authorize_notes_distill),
             Tool("memory_revisions", MEMORY_REVISIONS_DESCRIPTION, MEMORY_REVISIONS_SCHEMA, revisions, authorize_undo),
+            *(self.facts.tools(principal, session_id=session_id, message_id=message_id, run=run) if self.facts else []),
         ]
 
     async def directive(
@@ -353,4 +358,12 @@ def build_memory(gw: Gateway) -> tuple[GatewayMemory, dict[str, JobHandler]]:
         max_chars=cfg.max_content_chars,
     )
     writer.on_identity_write = glue.forget_identity
+    glue.facts = FactsGlue(
+        identity=IdentityStore(gw.engine, clock=gw.clock),
+        findings=FindingsStore(gw.engine, clock=gw.clock),
+        writer=writer,
+        config=gw.config.intelligence,
+        clock=gw.clock,
+        on_identity_change=glue.forget_identity,
+    )
     return glue, {"extract": glue.extract_job}

@@ -3,7 +3,8 @@
 policy: "Authorization — who may write it? — is enforced by code (isHumanAdmin,
 derived from the pairing role). Hard, non-bypassable." Every path that writes
 memory (extraction, ``memory_write``, ``@notes:``, relearn, confirm from
-review, consolidation) asks :func:`decide` and gets back one of four verdicts.
+review, consolidation, an accepted identity proposal) asks :func:`decide` and
+gets back one of four verdicts.
 The table below is the seed's RBAC x learning matrix plus its "Autonomous
 runs" rules; ``tests/memory/test_gate.py`` has one test per cell.
 
@@ -112,7 +113,11 @@ REFUSE_AGENT_NOTES = (
     "Only an administrator can write to agent_notes (the organisation's operational memory). "
     "You can keep this in your own memory with scope='personal'."
 )
-REFUSE_IDENTITY = "Only an administrator can change the agent's identity ({scope}); autonomous runs never can."
+REFUSE_IDENTITY = (
+    "The agent's identity ({scope}) is not written directly, by anyone: use propose_policy_change to propose "
+    "the change, and an administrator accepts or rejects it (goclaw identity proposals). Nothing was saved."
+)
+REFUSE_DECISION = "Only an administrator's decision on a proposal changes the agent's identity ({scope})."
 REFUSE_DIRECTIVE = "Operational changes require an administrator; nothing was saved."
 REFUSE_NO_PERSONAL = "There is no personal memory for {who}: only a paired person has one."
 REFUSE_CONFIRM = "Confirming learned facts requires an administrator."
@@ -142,7 +147,8 @@ def decide(
             the turn's principal (tools, directives), or the run (consolidation).
         scope: ``personal``, ``agent_notes``, ``global`` or ``agent_config``.
         source: ``live``, ``relearn``, ``memory_write``, ``directive``,
-            ``confirm`` or ``consolidate``.
+            ``confirm``, ``consolidate`` or ``decision`` (an admin accepting an
+            identity proposal, ``memory.identity``).
         write_access: The operator's ``memory.write_access`` (``memory_write``
             to agent_notes only).
         owner_user_id: For personal writes, whose memory; it must be the
@@ -177,6 +183,12 @@ def decide(
         return _extraction(principal, scope, source, trusted, verdict)
     if source == "memory_write":
         return _memory_write(principal, scope, write_access, verdict)
+    if source == "decision":
+        # Seed 001: identity is written "only by the S5 decision path, when a named person accepts a
+        # proposal". memory.identity calls this with the deciding admin, for an open proposal only.
+        if scope in IDENTITY_SCOPES and is_human_admin(principal):
+            return verdict(Verdict.WRITE, f"{scope} from a proposal accepted by a human admin")
+        return verdict(Verdict.REFUSE, f"decision on {scope} by {_who(principal)}", REFUSE_DECISION.format(scope=scope))
     if source == "directive":
         # policy: "`@notes:` is for admins only" -- memory.write_access does not apply.
         if scope == OPERATIONAL_SCOPE and is_human_admin(principal):
@@ -186,6 +198,9 @@ def decide(
         # review_learned is an admin tool; personal memory is never quarantined, so never reviewed.
         if scope == PERSONAL_SCOPE:
             return verdict(Verdict.REFUSE, "personal memory is not reviewed", "Personal memory is not reviewed.")
+        if scope in IDENTITY_SCOPES:
+            # Identity is never quarantined, so never confirmed: it changes only by decision.
+            return verdict(Verdict.REFUSE, f"confirm of {scope}", REFUSE_IDENTITY.format(scope=scope))
         if is_human_admin(principal):
             return verdict(Verdict.WRITE, "confirmed by a human admin")
         return verdict(Verdict.REFUSE, f"confirm by {_who(principal)}", REFUSE_CONFIRM)
@@ -242,10 +257,14 @@ def _memory_write(principal: Principal, scope: str, write_access: WriteAccess, v
             Verdict.REFUSE, f"{_who(principal)} has no personal memory", REFUSE_NO_PERSONAL.format(who=_who(principal))
         )
     if scope in IDENTITY_SCOPES:
-        # policy: autonomous runs "cannot write global or agent_config, whatever memory.write_access lists".
-        if is_human_admin(principal):
-            return verdict(Verdict.WRITE, f"{scope} written by a human admin")
-        return verdict(Verdict.REFUSE, f"{scope} by {_who(principal)}", REFUSE_IDENTITY.format(scope=scope))
+        # Seed 001: identity changes "by an accepted proposal", never by a write -- not even an admin's
+        # (a prompt-injected model in an admin's turn would otherwise rewrite who the agent is), and
+        # autonomous runs "cannot write global or agent_config, whatever memory.write_access lists".
+        return verdict(
+            Verdict.REFUSE,
+            f"{scope} by {_who(principal)}: identity changes only by decision",
+            REFUSE_IDENTITY.format(scope=scope),
+        )
     # agent_notes
     if is_human_admin(principal):
         return verdict(Verdict.WRITE, "agent_notes written by a human admin")

@@ -12,9 +12,9 @@ from pairing.models import UTCDateTime
 
 SCOPES: tuple[str, ...] = ("personal", "agent_notes", "global", "agent_config")
 STATUSES: tuple[str, ...] = ("live", "superseded", "unverified", "rejected", "retracted", "expired")
-SOURCES: tuple[str, ...] = ("live", "relearn", "memory_write", "directive", "confirm", "consolidate")
+SOURCES: tuple[str, ...] = ("live", "relearn", "memory_write", "directive", "confirm", "consolidate", "decision")
 VIAS: tuple[str, ...] = ("subject_rule", "belief_revision", "consolidation")
-CAUSES: tuple[str, ...] = ("live", "relearn", "confirm", "revise", "consolidate")
+CAUSES: tuple[str, ...] = ("live", "relearn", "confirm", "revise", "consolidate", "decision")
 
 
 class MemoryBase(DeclarativeBase):

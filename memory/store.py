@@ -65,6 +65,7 @@ _CAUSE_OF_SOURCE: Mapping[str, str] = {
     "relearn": "relearn",
     "confirm": "confirm",
     "consolidate": "consolidate",
+    "decision": "decision",
 }
 
 R = MemoryRecord.__table__.c

@@ -29,7 +29,8 @@ MEMORY_WRITE_SCHEMA: dict[str, Any] = {
             "description": (
                 "personal: a fact about the person you are talking to (their own memory). "
                 "agent_notes: the organisation's operational knowledge (administrators only). "
-                "global / agent_config: the agent's identity (administrators only)."
+                "global / agent_config: the agent's identity, never written here, by anyone: "
+                "propose a change with propose_policy_change."
             ),
         },
         "subject": {"type": "string", "description": "A short, stable topic, e.g. 'report data source'."},

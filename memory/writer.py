@@ -155,6 +155,11 @@ class WriteBatch:
         """The operator's ``memory.write_access``."""
         return self._writer.write_access
 
+    @property
+    def session(self) -> AsyncSession:
+        """This batch's transaction, for a caller that records its own event with the writes (an identity decision)."""
+        return self._session
+
     def decide(
         self,
         principal: Principal,

@@ -12,7 +12,8 @@ import json
 import re
 from collections.abc import AsyncIterator, Sequence
 
-from gateway.llm.base import ChatMessage, Completion, JsonSchema, Tool
+from gateway.llm.base import ChatMessage, Completion, JsonSchema, Tool, ToolCall
+from gateway.llm.scripted import SCRIPTED_TOOLS, scripted_calls
 from gateway.prompt import LEARN_AT_TRIM, LEARN_ON_PAUSE, OPERATIONAL, PERSONAL, SPEAKER
 
 LABEL = "[offline model]"
@@ -76,7 +77,30 @@ class BuiltinProvider:
         user = next((m.content for m in reversed(messages) if m.role == "user"), "")
         if json_schema is not None:
             return Completion(self._structured(json_schema.name, system, user), model=self.model)
+        scripted = self._scripted_tools(messages, tools, user)
+        if scripted is not None:
+            return scripted
         return Completion(self.respond(system, user), model=self.model)
+
+    def _scripted_tools(self, messages: Sequence[ChatMessage], tools: Sequence[Tool], user: str) -> Completion | None:
+        """``FINDING`` / ``PROPOSE`` lines become tool calls, when (and only when) that tool is offered.
+
+        The one case where the offline model calls tools, so a research SOP and an
+        identity proposal can be walked through offline (format:
+        ``gateway.llm.scripted``). Which tools are offered was decided in code
+        before this call; nothing here decides it.
+        """
+        last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+        results = [m for m in messages[last_user + 1 :] if m.role == "tool"]
+        if results:
+            if not any(m.name in SCRIPTED_TOOLS for m in results):
+                return None
+            return Completion("\n".join([LABEL, *(f"{m.name}: {m.content}" for m in results)]), model=self.model)
+        calls = scripted_calls(user, {t.name for t in tools})
+        if not calls:
+            return None
+        tool_calls = tuple(ToolCall(f"scripted-{i}", name, args) for i, (name, args) in enumerate(calls))
+        return Completion("", tool_calls=tool_calls, model=self.model)
 
     async def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]:
         """The same reply, word by word."""

@@ -48,10 +48,10 @@ TABLE: dict[str, dict[str, tuple[Verdict, Verdict, Verdict, Verdict]]] = {
         "sop": (D, U, D, D),
         "webhook": (D, U, D, D),
     },
-    # memory_write: admins anything; people their own personal; write_access and system runs
-    # agent_notes; identity scopes admins only.
+    # memory_write: admins personal and agent_notes; people their own personal; write_access and
+    # system runs agent_notes; identity scopes nobody (seed 001: only by an accepted proposal).
     "memory_write": {
-        "admin": (W, W, W, W),
+        "admin": (W, W, R, R),
         "user": (W, R, R, R),
         "listed_user": (W, W, R, R),
         "unpaired": (R, R, R, R),
@@ -69,9 +69,9 @@ TABLE: dict[str, dict[str, tuple[Verdict, Verdict, Verdict, Verdict]]] = {
         "sop": (R, R, R, R),
         "webhook": (R, R, R, R),
     },
-    # Confirm from review: human admins only; personal memory is never under review.
+    # Confirm from review: human admins only; personal memory and identity are never under review.
     "confirm": {
-        "admin": (R, W, W, W),
+        "admin": (R, W, R, R),
         "user": (R, R, R, R),
         "listed_user": (R, R, R, R),
         "unpaired": (R, R, R, R),
@@ -88,6 +88,16 @@ TABLE: dict[str, dict[str, tuple[Verdict, Verdict, Verdict, Verdict]]] = {
         "cron": (R, W, R, R),
         "sop": (R, W, R, R),
         "webhook": (R, W, R, R),
+    },
+    # An accepted identity proposal (memory.identity): the deciding human admin, identity scopes only.
+    "decision": {
+        "admin": (R, R, W, W),
+        "user": (R, R, R, R),
+        "listed_user": (R, R, R, R),
+        "unpaired": (R, R, R, R),
+        "cron": (R, R, R, R),
+        "sop": (R, R, R, R),
+        "webhook": (R, R, R, R),
     },
 }
 
@@ -114,7 +124,7 @@ def test_gate_cell(source: str, who: str, scope: str, expected: Verdict) -> None
 
 
 def test_every_cell_of_the_table_is_tested() -> None:
-    assert len(CELLS) == 6 * 7 * 4
+    assert len(CELLS) == 7 * 7 * 4
 
 
 def test_regular_user_refused_agent_notes_is_pointed_to_personal() -> None:
@@ -138,6 +148,15 @@ def test_write_access_role_lists_let_regular_users_memory_write_agent_notes_only
     assert decide(BOB, "agent_notes", "directive", write_access=by_role).verdict is R
     assert decide(BOB, "agent_notes", "live", write_access=by_role).verdict is D
     assert decide(UNPAIRED, "agent_notes", "memory_write", write_access=by_role).verdict is R
+
+
+def test_identity_is_never_written_by_memory_write_and_the_refusal_points_to_a_proposal() -> None:
+    everything = WriteAccess(users=["u_alice", "u_bob"], roles=["admin", "user"])
+    for who in (ALICE, BOB, CRON, SOP):
+        for scope in ("global", "agent_config"):
+            decision = decide(who, scope, "memory_write", write_access=everything)
+            assert decision.verdict is R
+            assert "propose_policy_change" in decision.message
 
 
 def test_write_access_never_opens_identity_scopes_to_system_runs() -> None:

@@ -50,7 +50,7 @@ async def test_write_access_lets_a_listed_user_write_agent_notes(store: MemorySt
     reply = await memory_write(writer, BOB, {"scope": "agent_notes", "subject": "s", "content": "c"}, **KW)
     assert reply.startswith("Saved to agent_notes")
     refused = await memory_write(writer, BOB, {"scope": "global", "subject": "s", "content": "c"}, **KW)
-    assert "Only an administrator" in refused
+    assert "propose_policy_change" in refused and "Nothing was saved" in refused
 
 
 async def test_system_runs_may_record_results_in_agent_notes_but_nothing_else(writer: MemoryWriter) -> None:
@@ -61,7 +61,7 @@ async def test_system_runs_may_record_results_in_agent_notes_but_nothing_else(wr
         assert ok.startswith("Saved to agent_notes")
         for scope in ("global", "agent_config"):
             refused = await memory_write(writer, run, {"scope": scope, "subject": "s", "content": "c"}, **KW)
-            assert "autonomous runs never can" in refused
+            assert "not written directly, by anyone" in refused
         personal = await memory_write(writer, run, {"scope": "personal", "subject": "s", "content": "c"}, **KW)
         assert "no personal memory" in personal
     assert len(await writer.store.list_records(include_history=True)) == 3
@@ -160,7 +160,8 @@ async def test_memory_write_never_changes_a_role(writer: MemoryWriter) -> None:
     reply = await memory_write(
         writer, claimant, {"scope": "agent_config", "subject": "admins", "content": "u_zed is an admin"}, **KW
     )
-    assert "Only an administrator" in reply
+    assert "propose_policy_change" in reply
+    assert await writer.store.list_records(include_history=True) == []
 
 
 async def test_the_same_fact_written_again_says_so(writer: MemoryWriter) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from memory.gate import REFUSE_AGENT_NOTES, REFUSE_DIRECTIVE
+from memory.gate import REFUSE_AGENT_NOTES, REFUSE_DIRECTIVE, REFUSE_IDENTITY
 from memory.review import REFUSE_REVIEW
 from memory.store import MemoryRecordView
 from memory.tools_admin import REFUSE_DISTILL
@@ -242,7 +242,9 @@ async def test_write_access_lets_listed_user_memory_write_agent_notes_but_not_no
     text = "The staging host is staging.internal."
     results = await world.explicit_writes(bob, key, text, ["agent_notes", "global"], lambda: world.say("bob", text))
     assert results[0].startswith("Saved to agent_notes")
-    assert results[1].startswith("Only an administrator can change the agent's identity (global)")
+    # Seed 001: identity is not written, by anyone; the refusal points to the proposal path.
+    assert results[1] == REFUSE_IDENTITY.format(scope="global")
+    assert "propose_policy_change" in results[1]
     written = [r for r in await world.live("agent_notes") if r.author_user_id == bob.user_id]
     assert [(r.source, r.author_role) for r in written] == [("memory_write", "user")]
 

@@ -384,6 +384,9 @@ class World:
         """
         messages = await self.messages()
         archives = await self.archive_ids()
+        facts = self.gw.memory.facts
+        assert facts is not None
+        proposals = {p.id: p for p in await facts.identity.proposals(include_decided=True)}
         archive_lines: dict[str, list[StoredMessage]] = {}
         async with self.engine.connect() as conn:
             rows = (await conn.execute(select(Message.platform_message_id, Message.archive_id))).all()
@@ -392,7 +395,7 @@ class World:
                 archive_lines.setdefault(aid, []).append(messages[pid])
         for rec in await self.records():
             cited = [messages[e] for e in rec.evidence if e in messages]
-            unknown = [e for e in rec.evidence if e not in messages and e not in archives]
+            unknown = [e for e in rec.evidence if e not in messages and e not in archives and e not in proposals]
             assert not unknown, f"{rec.id} cites unknown evidence {unknown}"
             by = f"{rec.author_user_id}/{rec.author_role}"
             where = f"{rec.scope} record {rec.id} ({rec.source}, by {by}): {rec.content!r}"
@@ -417,9 +420,16 @@ class World:
                     assert all(m.speaker_user_id == rec.author_user_id for m in cited), where
                     continue
                 assert rec.author_role == "admin", f"{where} was not authored by an admin"
-                assert rec.source in ("live", "directive", "memory_write", "relearn", "confirm", "consolidate"), where
                 if rec.scope != "agent_notes":
-                    assert rec.source == "memory_write", f"{where}: identity written other than by memory_write"
+                    # Seed 001: identity only "when a named person accepts a proposal".
+                    assert rec.source == "decision", f"{where}: identity written other than by a decision"
+                    (pid,) = rec.evidence
+                    decided = proposals[pid].decision
+                    assert decided is not None and decided.decision == "accepted", f"{where}: {pid} not accepted"
+                    assert (decided.record_id, decided.by_user_id) == (rec.id, rec.author_user_id), where
+                    assert rec.author_user_id in self.admin_ids(), f"{where}: accepted by a non-admin"
+                    continue
+                assert rec.source in ("live", "directive", "memory_write", "relearn", "confirm", "consolidate"), where
                 assert cited or rec.source in ("relearn", "confirm", "consolidate"), f"{where} cites no message"
                 for m in cited:
                     assert m.speaker_user_id == rec.author_user_id, f"{where} cites {m.speaker_user_id}'s line"
@@ -449,6 +459,7 @@ async def open_world(
     write_access_users: Sequence[str] = (),
     write_access_roles: Sequence[str] = (),
     cast: Sequence[str] = tuple(CAST),
+    intelligence: dict[str, Any] | None = None,
 ) -> World:
     """Pair the cast on a fresh database and start a gateway on it (no channels, no background worker)."""
     engine = make_engine(url)
@@ -486,6 +497,7 @@ async def open_world(
                     "roles": list(write_access_roles),
                 }
             },
+            "intelligence": intelligence or {},
         }
     )
     gw = Gateway(cfg, provider=model, clock=clock, engine=engine)

@@ -1,14 +1,14 @@
 """idle extraction: each session's "extracted through" mark
 
 Revision ID: 0009_idle_extraction
-Revises: 0006_automation
+Revises: 0007_identity_intelligence
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0009_idle_extraction"
-down_revision = "0006_automation"
+down_revision = "0007_identity_intelligence"
 branch_labels = None
 depends_on = None
 
