@@ -63,6 +63,8 @@ NAV: list[NavEntry] = [
     NavEntry("/dashboard/chat", "Chat"),
     NavEntry("/dashboard/turns", "Turns"),
     NavEntry("/dashboard/sops", "SOPs"),
+    NavEntry("/dashboard/identity", "Identity"),
+    NavEntry("/dashboard/findings", "Findings"),
 ]
 
 GW = web.AppKey("goclaw_dashboard_gateway", object)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from sqlalchemy import and_, or_, select
@@ -33,7 +34,11 @@ from gateway.web.dashboard.base import (
     page,
     render,
 )
+from memory.obligations import ObligationView
 from pairing.principal import Principal, is_human_admin
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,7 @@ class SopRow:
     summary: api.SopSummary
     held_by: str | None
     hold_error: str | None = None
+    obligation: ObligationView | None = None  # the holding obligation as memory's findings store has it
 
 
 def _authorize(who: Principal) -> None:
@@ -52,14 +58,17 @@ def _authorize(who: Principal) -> None:
         raise DashError(403, "only a human admin may run, enable or disable an SOP")
 
 
-async def _hold_of(gw: object, name: str) -> tuple[str | None, str | None]:
-    """What the runner's ``holds`` check says for ``name``: the obligation id, or why it could not say."""
-    runner = gw.automation.runner  # type: ignore[attr-defined]
+async def _row(gw: Gateway, summary: api.SopSummary) -> SopRow:
+    """The SOP with what the runner's ``holds`` check says for it (the obligation, or why it could not say)."""
+    name = summary.sop.name
     try:
-        return await runner.holds(name), None
+        held_by = await gw.automation.runner.holds(name)
     except Exception as exc:  # the runner records such a run as failed; the page says so too
         log.exception("sop %s: holds check failed", name)
-        return None, f"could not check whether an obligation holds this SOP: {exc}"
+        return SopRow(summary, None, f"could not check whether an obligation holds this SOP: {exc}")
+    facts = gw.memory.facts
+    obligation = await facts.findings.obligation(held_by) if held_by and facts is not None else None
+    return SopRow(summary, held_by, None, obligation)
 
 
 async def runs_page(engine: AsyncEngine, name: str, *, after: str | None, limit: int = PAGE_SIZE) -> Page:
@@ -79,10 +88,7 @@ async def runs_page(engine: AsyncEngine, name: str, *, after: str | None, limit:
 async def sops(request: web.Request) -> web.StreamResponse:
     """GET /dashboard/sops: every SOP with its trigger, next run, hold and latest runs."""
     gw = gateway_of(request)
-    rows = []
-    for s in await api.list_sops(gw.automation.store):
-        held_by, err = await _hold_of(gw, s.sop.name)
-        rows.append(SopRow(s, held_by, err))
+    rows = [await _row(gw, s) for s in await api.list_sops(gw.automation.store)]
     return render(request, "sops.html", {"title": "SOPs", "rows": rows})
 
 
@@ -95,13 +101,13 @@ async def sop(request: web.Request) -> web.StreamResponse:
         summary = await api.get_sop(gw.automation.store, name, last=0)
     except SopError as exc:
         raise DashError(404, f"{exc}; see the SOP list") from None
-    held_by, err = await _hold_of(gw, name)
+    row = await _row(gw, summary)
     after = request.query.get("after")
     runs = await runs_page(gw.engine, name, after=after)
     return render(
         request,
         "sop.html",
-        {"title": f"SOP {name}", "row": SopRow(summary, held_by, err), "runs": runs, "first": bool(after)},
+        {"title": f"SOP {name}", "row": row, "runs": runs, "first": bool(after)},
     )
 
 
