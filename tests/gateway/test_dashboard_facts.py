@@ -71,6 +71,8 @@ async def test_accepting_a_proposal_makes_it_the_identity_with_the_decision_kept
     )
     _, page = await dash.get("/dashboard/identity")
     assert f'class="proposal" data-id="{p.id}"' in page and "Legal asked for it" in page
+    _, overview = await dash.get("/dashboard/")
+    assert "1 identity proposal(s) await a decision" in overview
 
     # No rationale: the function refuses (a decision keeps its why); nothing changes.
     status, page = await dash.post("/dashboard/identity/accept", id=p.id, rationale="")
@@ -162,6 +164,8 @@ async def test_findings_are_routed_and_a_resolved_obligation_frees_its_sop(dash:
     [ob] = await facts.findings.obligations()
     assert ob.signal_id == raised and ob.holds and ob.severity == "blocking"
     assert f'class="obligation" id="{ob.id}"' in page and f"holds {ob.sop_name}" in page
+    _, overview = await dash.get("/dashboard/")
+    assert f"SOP daily-report is held by obligation {ob.id}" in overview
 
     # The SOP page shows the obligation holding it; a run now is recorded held.
     _, sop_page = await dash.get("/dashboard/sops/daily-report")
@@ -212,3 +216,29 @@ async def test_who_may_resolve_is_the_resolvers_policy_not_the_page(users_resolv
     )
     assert status == 400 and "needs role user" in page and "intelligence.resolvers" in page
     assert (await facts.findings.obligation(ob.id)).disposition is None  # type: ignore[union-attr]
+
+
+async def test_resolved_obligations_and_signals_are_keyset_paged(dash: Dash) -> None:
+    facts = _facts(dash)
+    admin = Principal.human("admin", Role.ADMIN, "Dashboard")
+    for i in range(PAGE_SIZE + 2):
+        await _report(facts, "blocking", f"Finding {i}")
+    await facts.before_step()
+    made = {o.id for o in await facts.findings.obligations()}
+    assert len(made) == PAGE_SIZE + 2
+    for oid in made:
+        await facts.findings.resolve(oid, by=admin, disposition="no-action", rationale="fine")
+    _, first = await dash.get("/dashboard/findings")
+    seen = re.findall(r'class="resolved" data-id="([^"]+)"', first)
+    nxt = re.search(r'href="\?resolved_after=([^"#]+)#resolved"', first)
+    assert len(seen) == PAGE_SIZE and nxt and 'id="obligations-empty"' in first
+    _, second = await dash.get(f"/dashboard/findings?resolved_after={nxt.group(1)}")
+    more = re.findall(r'class="resolved" data-id="([^"]+)"', second)
+    assert len(more) == 2 and set(seen) | set(more) == made
+    assert "Finding " in second  # each row names the claim it came from
+    signals = re.findall(r'class="signal" data-id="([^"]+)"', first)
+    nxt = re.search(r'href="\?outcome=&amp;after=([^"#]+)#signals"', first)
+    assert len(signals) == PAGE_SIZE and nxt
+    _, second = await dash.get(f"/dashboard/findings?outcome=&after={nxt.group(1)}")
+    rest = re.findall(r'class="signal" data-id="([^"]+)"', second)
+    assert len(rest) == 2 and not set(signals) & set(rest)

@@ -15,15 +15,24 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.web.dashboard.base import PAGE_SIZE, DashError, Page, decode_cursor, keyset_page
-from memory.facts_models import IdentityDecision, IdentityProposal, IntelligenceSignal, SignalRouting
+from memory.facts_models import (
+    IdentityDecision,
+    IdentityProposal,
+    IntelligenceSignal,
+    Obligation,
+    ObligationDisposition,
+    SignalRouting,
+)
 from memory.identity import DecisionView, ProposalView, _decision_view
 from memory.intelligence import SignalView
-from memory.obligations import RoutingView, _signal
+from memory.obligations import DispositionView, ObligationView, RoutingView, _signal
 
 P = IdentityProposal.__table__.c
 D = IdentityDecision.__table__.c
 S = IntelligenceSignal.__table__.c
 RT = SignalRouting.__table__.c
+O = Obligation.__table__.c  # noqa: E741
+OD = ObligationDisposition.__table__.c
 OUTCOMES = ("raised", "noted", "expired", "pending")
 
 
@@ -101,4 +110,35 @@ async def signals_page(engine: AsyncEngine, *, outcome: str, after: str | None, 
     return keyset_page(out, limit, lambda r: (r.signal.recorded_at, r.signal.id))
 
 
-__all__ = ["OUTCOMES", "Decided", "SignalRow", "decisions_page", "signals_page"]
+async def resolved_page(engine: AsyncEngine, *, after: str | None, limit: int = PAGE_SIZE) -> Page:
+    """Resolved obligations, newest disposition first, each with the signal it came from."""
+    cols = [c.label(f"d_{c.key}") for c in ObligationDisposition.__table__.c]
+    scols = [c.label(f"s_{c.key}") for c in IntelligenceSignal.__table__.c]
+    q = (
+        select(Obligation.__table__, *cols, *scols)
+        .join(ObligationDisposition.__table__, OD.obligation_id == O.id)
+        .join(IntelligenceSignal.__table__, S.id == O.signal_id)
+    )
+    q = _newest_first(q, OD.at, O.id, decode_cursor(after, (datetime, str)), limit)
+    out: list[tuple[ObligationView, SignalView]] = []
+    async with engine.connect() as conn:
+        for row in await conn.execute(q):
+            m = row._mapping
+            d = DispositionView(
+                m["d_obligation_id"], m["d_disposition"], m["d_by_user_id"], m["d_by_role"], m["d_at"], m["d_rationale"]
+            )
+            ob = ObligationView(
+                m["id"], m["signal_id"], m["sop_name"], m["severity"], bool(m["blocks"]), m["opened_at"], m["reason"], d
+            )
+            out.append((ob, _signal(_Prefixed(m, "s_"))))
+    return keyset_page(out, limit, lambda r: (r[0].disposition.at, r[0].id))
+
+
+class _Prefixed:
+    """A row's ``s_``-labelled columns seen as the signal row ``_signal`` reads."""
+
+    def __init__(self, m: Any, prefix: str) -> None:
+        self._mapping = {k[len(prefix) :]: v for k, v in m.items() if k.startswith(prefix)}
+
+
+__all__ = ["OUTCOMES", "Decided", "SignalRow", "decisions_page", "resolved_page", "signals_page"]

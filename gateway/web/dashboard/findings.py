@@ -16,7 +16,6 @@ from gateway.web.dashboard import facts_queries
 from gateway.web.dashboard.base import DashError, act, action, field, gateway_of, page, render
 from gateway.web.dashboard.identity import facts_of
 from memory.facts_models import DISPOSITIONS
-from memory.intelligence import SignalView
 from memory.obligations import resolve_obligation, resolvers_for, route_pending
 from pairing.principal import Principal, is_human_admin
 
@@ -30,17 +29,11 @@ async def findings(request: web.Request) -> web.StreamResponse:
     facts = facts_of(request)
     store = facts.findings
     resolvers = facts.resolvers
-    every = await store.obligations(include_resolved=True)
-    signals: dict[str, SignalView | None] = {}
-    for o in every:
-        if o.signal_id not in signals:
-            signals[o.signal_id] = await store.signal(o.signal_id)
-    open_ = [(o, signals[o.signal_id], resolvers_for(o.severity, resolvers)) for o in every if o.disposition is None]
-    resolved = sorted(
-        ((o, signals[o.signal_id]) for o in every if o.disposition is not None),
-        key=lambda x: x[0].disposition.at,  # type: ignore[union-attr]
-        reverse=True,
-    )
+    open_ = []
+    for o in await store.obligations():  # open ones: the CLI's `goclaw obligations`
+        open_.append((o, await store.signal(o.signal_id), resolvers_for(o.severity, resolvers)))
+    resolved_after = request.query.get("resolved_after")
+    resolved = await facts_queries.resolved_page(gw.engine, after=resolved_after)
     outcome = request.query.get("outcome", "")
     after = request.query.get("after")
     page_ = await facts_queries.signals_page(gw.engine, outcome=outcome, after=after)
@@ -56,6 +49,7 @@ async def findings(request: web.Request) -> web.StreamResponse:
             "outcomes": facts_queries.OUTCOMES,
             "dispositions": DISPOSITIONS,
             "first": bool(after),
+            "resolved_first": bool(resolved_after),
         },
     )
 
