@@ -10,12 +10,30 @@ from datetime import UTC, datetime, timedelta
 from aiohttp import web
 
 from gateway.app import Gateway
+from gateway.automation import api
 from gateway.config import Config
 from gateway.sessions import SessionKey
 from gateway.turn import TurnRequest
+from memory.identity import accept_proposal
+from memory.intelligence import Report
 from pairing.principal import Principal, Role
 
 TOKEN = "dashboard-browser-token-0123456789abcdef"
+SOPS = [
+    {"name": "summary", "instruction": "Summarise yesterday's open questions.", "trigger": {"manual": True}},
+    {
+        "name": "daily-report",
+        "instruction": "Produce the daily report from the daily report data source.",
+        "trigger": {"cron": "0 7 * * 1-5", "tz": "Europe/Berlin"},
+    },
+    {"name": "queue-check", "instruction": "Check the import queue.", "trigger": {"every": "15m"}, "enabled": False},
+    {
+        "name": "vendor-watch",
+        "instruction": "Check the vendored export helper.",
+        "trigger": {"cron": "30 6 * * *"},
+        "research": True,
+    },
+]
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 
 
@@ -31,6 +49,8 @@ class World:
     new_note: str
     revision: str
     unverified: str
+    proposal: str  # an open identity proposal
+    obligation: str  # an open blocking obligation holding daily-report
 
 
 async def seed(gw: Gateway) -> World:
@@ -103,13 +123,64 @@ async def seed(gw: Gateway) -> World:
                 display_name="Dashboard",
             )
         )
-    return World(gw, "", alice, bob, carol, dana.code, old.record.id, new.record.id, revs[0].id, quarantined.record.id)
+    await api.run_now(gw.automation.runner, "daily-report")  # a run in its history
+    proposal, obligation = await seed_facts(gw, carol_p, bob_p)
+    return World(
+        gw,
+        "",
+        alice,
+        bob,
+        carol,
+        dana.code,
+        old.record.id,
+        new.record.id,
+        revs[0].id,
+        quarantined.record.id,
+        proposal,
+        obligation,
+    )
+
+
+async def seed_facts(gw: Gateway, carol: Principal, bob: Principal) -> tuple[str, str]:
+    """An accepted and an open identity proposal; findings routed to a noted signal and a holding obligation."""
+    facts = gw.memory.facts
+    assert facts is not None
+    first = await facts.identity.propose(
+        carol, scope="agent_config", subject="tone", content="Answer in plain English.", rationale="house style"
+    )
+    await accept_proposal(facts.identity, facts.writer, first.id, by=carol, rationale="agreed in the team meeting")
+    open_ = await facts.identity.propose(
+        bob,
+        scope="agent_config",
+        subject="boundaries",
+        content="Never email customers directly.",
+        rationale="Legal asked for it",
+    )
+    for severity, claim, observation in (
+        ("info", "The export helper is slower since 2.4", "runs take 40 s instead of 25 s"),
+        ("advisory", "The export drops refunds since 2.4", "skips negative totals, against INV-002"),
+    ):
+        report = Report(
+            subject="orders export",
+            claim=claim,
+            observation=observation,
+            evidence=("vendor/export.py:88", "vendor CHANGELOG 2.4"),
+            confidence="high",
+            reported_severity=severity,
+            affected_sops=("daily-report",),
+        )
+        await facts.findings.append_signal(report, sop_name="vendor-watch", run_id="r_seed", reporter="cron-system")
+    await facts.before_step()
+    [ob] = await facts.findings.obligations()
+    return open_.id, ob.id
 
 
 @asynccontextmanager
 async def served_world(sqlite_url: str) -> AsyncIterator[World]:
     """A seeded gateway serving on 127.0.0.1 (an ephemeral port)."""
-    cfg = Config.model_validate({"database": {"url": sqlite_url}, "server": {"dashboard_token": TOKEN}})
+    cfg = Config.model_validate(
+        {"database": {"url": sqlite_url}, "server": {"dashboard_token": TOKEN}, "automation": {"sops": SOPS}}
+    )
     gw = Gateway(cfg)
     await gw.start(channels=False, worker=False)
     world = await seed(gw)

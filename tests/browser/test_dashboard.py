@@ -2,7 +2,8 @@
 
 One walk through what an admin does (log in, approve a pairing code, change a
 role, find a record, open its timeline, undo a revision, confirm an unverified
-record, log out), and the cross-site POST that must be refused.
+record, run an SOP, accept an identity proposal, resolve an obligation, log
+out), and the cross-site POST that must be refused.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
+from gateway.automation import api
 from tests.browser.dashboard_world import TOKEN, World, served_world
 from tests.browser.test_webchat import CHROMIUM, LAUNCH_ARGS, _require_chromium
 
@@ -82,10 +84,54 @@ async def test_admin_does_the_day_to_day_in_the_browser(world: World) -> None:
             confirmed = await gw.memory.store.get(world.unverified)
             assert confirmed is not None and confirmed.status == "live"
 
+            # Run an SOP now and see its run in the history.
+            await page.click("header >> text=SOPs")
+            card = page.locator(".sop[data-sop='summary']")
+            assert await card.locator(".no-runs").count() == 1
+            await card.locator("button.run-now").click()
+            await page.wait_for_selector(".flash:has-text('Ran summary')")
+            runs = await api.list_runs(gw.automation.store, "summary")
+            assert [r.status for r in runs] == ["ok"]
+            row = page.locator(f"#history tr.run[data-run='{runs[0].id}']")
+            assert "ok" in (await row.locator(".badge").text_content() or "")
+            assert (runs[0].reply or "")[:20] in (await row.text_content() or "")
+
+            # Accept the open identity proposal with a rationale: it is the identity now.
+            await page.click("header >> text=Identity")
+            proposal = page.locator(f".proposal[data-id='{world.proposal}']")
+            await proposal.locator("textarea[name=rationale]").fill("Legal's rule; agreed")
+            await proposal.locator("button.accept").click()
+            await page.wait_for_selector(f".flash:has-text('Accepted {world.proposal}')")
+            assert "Never email customers directly." in (await page.text_content("#current") or "")
+            assert "Legal's rule; agreed" in (await page.text_content("#decisions") or "")
+            assert "Never email customers directly." in await gw.memory.identity()
+
+            # The obligation holds daily-report; resolve it, and the SOP is free again.
+            await page.click("header >> text=SOPs")
+            assert world.obligation in (await page.text_content(".sop[data-sop='daily-report'] .hold") or "")
+            await page.click(f".sop[data-sop='daily-report'] a[href='/dashboard/findings#{world.obligation}']")
+            ob = page.locator(f".obligation[data-id='{world.obligation}']")
+            await ob.locator("select[name=disposition]").select_option("accepted-risk")
+            await ob.locator("textarea[name=rationale]").fill("refunds reconciled by hand this month")
+            await ob.locator("button.resolve-btn").click()
+            await page.wait_for_selector(f".flash:has-text('Resolved {world.obligation} as accepted-risk')")
+            await page.wait_for_selector(f"#resolved tr[data-id='{world.obligation}']")
+            assert await gw.automation.runner.holds("daily-report") is None
+            await page.click("header >> text=SOPs")
+            assert await page.locator(".sop[data-sop='daily-report'] .hold").count() == 0
+
             # Every action above is in the audit, via dashboard, by admin.
             audit = await gw.pairing.audit_log()
             assert {(a[1], a[2]) for a in audit} == {("dashboard", "admin")}
-            assert {a[3] for a in audit} >= {"pair approve", "role", "memory undo", "memory confirm"}
+            assert {a[3] for a in audit} >= {
+                "pair approve",
+                "role",
+                "memory undo",
+                "memory confirm",
+                "sop run",
+                "identity accept",
+                "obligation resolve",
+            }
 
             # Log out: the dashboard is gone until the next login.
             await page.click("#logout")

@@ -196,6 +196,9 @@ async def test_every_page_renders_and_unknown_ids_are_404(dash: Dash) -> None:
         "/dashboard/memory/review",
         "/dashboard/chat",
         "/dashboard/turns",
+        "/dashboard/sops",
+        "/dashboard/identity",
+        "/dashboard/findings",
     ):
         status, page = await dash.get(path)
         assert status == 200, (path, page[:300])

@@ -14,7 +14,7 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
-from gateway.web.dashboard import chat, login, memory_pages, overview, people
+from gateway.web.dashboard import chat, findings, identity, login, memory_pages, overview, people, sops
 from gateway.web.dashboard.base import GW
 
 if TYPE_CHECKING:
@@ -62,6 +62,16 @@ def mount_dashboard(app: web.Application, gw: Gateway) -> None:
     r.add_post("/dashboard/chat/command", chat.command)
     r.add_get("/dashboard/turns", chat.turns)
     r.add_get("/dashboard/turns/{id}", chat.explain)
+    r.add_get("/dashboard/sops", sops.sops)
+    r.add_get("/dashboard/sops/{name}", sops.sop)
+    r.add_post("/dashboard/sops/run", sops.run_now)
+    r.add_post("/dashboard/sops/enabled", sops.set_enabled)
+    r.add_get("/dashboard/identity", identity.identity)
+    r.add_post("/dashboard/identity/accept", identity.accept)
+    r.add_post("/dashboard/identity/reject", identity.reject)
+    r.add_get("/dashboard/findings", findings.findings)
+    r.add_post("/dashboard/findings/resolve", findings.resolve)
+    r.add_post("/dashboard/findings/route", findings.route)
 
 
 __all__ = ["mount_dashboard"]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp_jinja2
 from aiohttp import web
 
+from gateway.automation.store import SopError
 from gateway.web.app import DASHBOARD_USER, operator_principal
 from gateway.web.auth import COOKIE, SESSIONS, operator_nonce
 from memory.store import MemoryStoreError
@@ -61,7 +62,9 @@ NAV: list[NavEntry] = [
     NavEntry("/dashboard/memory/review", "Review"),
     NavEntry("/dashboard/chat", "Chat"),
     NavEntry("/dashboard/turns", "Turns"),
-    # Identity, SOPs, findings & obligations are added here by their pages.
+    NavEntry("/dashboard/sops", "SOPs"),
+    NavEntry("/dashboard/identity", "Identity"),
+    NavEntry("/dashboard/findings", "Findings"),
 ]
 
 GW = web.AppKey("goclaw_dashboard_gateway", object)
@@ -197,7 +200,7 @@ async def act(
     except DashError as exc:
         await gw.pairing.audit(VIA, DASHBOARD_USER, name, "refused", f"{detail}: {exc.message}"[:2000])
         raise
-    except (PairingError, MemoryStoreError, ValueError) as exc:
+    except (PairingError, MemoryStoreError, SopError, ValueError) as exc:
         await gw.pairing.audit(VIA, DASHBOARD_USER, name, "error", f"{detail}: {exc}"[:2000])
         raise DashError(400, str(exc)) from None
     await gw.pairing.audit(VIA, DASHBOARD_USER, name, "ok", detail[:2000])

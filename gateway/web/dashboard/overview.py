@@ -28,6 +28,11 @@ async def overview(request: web.Request) -> web.StreamResponse:
     if counts.get("unverified"):
         warnings.append(f"{counts['unverified']} learned record(s) await review (Review page)")
     warnings += [f"channel {c['name']}: {c['state']}" for c in channels if str(c["state"]).startswith("failed")]
+    if gw.memory.facts is not None:
+        holding = [o for o in await gw.memory.facts.findings.obligations() if o.holds]
+        warnings += [f"SOP {o.sop_name} is held by obligation {o.id} (Findings page)" for o in holding]
+        if proposals := await gw.memory.facts.identity.proposals():
+            warnings.append(f"{len(proposals)} identity proposal(s) await a decision (Identity page)")
     return render(
         request,
         "overview.html",
