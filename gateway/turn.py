@@ -18,12 +18,14 @@ from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, 
 from gateway.replies import stored_reply
 from gateway.sessions import SessionKey, SessionStore, StoredMessage, TrimResult
 from memory.types import SliceMessage
-from pairing.principal import Principal
+from pairing.principal import SYSTEM_PRINCIPALS, Principal
 
 if TYPE_CHECKING:
     from gateway.llm.loop import ToolLoopResult
 
 log = logging.getLogger(__name__)
+
+SYSTEM_NAMES = frozenset(SYSTEM_PRINCIPALS)
 
 UNAVAILABLE_REPLY = "Sorry, the model is unavailable right now. Your message is kept; please try again in a moment."
 
@@ -319,7 +321,8 @@ class TurnHandler:
             if m.is_agent:
                 msg = ChatMessage("assistant", m.text)
             else:
-                who = m.speaker_user_id or "unpaired"
+                # A run's own lines are stored with its system name as the role and no user id.
+                who = m.speaker_user_id or (m.stored_role if m.stored_role in SYSTEM_NAMES else None) or "unpaired"
                 msg = ChatMessage("user", f"[{safe_name(m.display_name or who)} · {who}] {m.text}")
             cost = estimate_tokens(msg.content)
             if used + cost > budget and out:

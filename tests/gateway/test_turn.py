@@ -228,3 +228,20 @@ async def test_job_of_a_dead_worker_is_reclaimed_after_its_lease(engine: AsyncEn
     clock.advance(seconds=61)
     again = await sessions.claim_job("alive", lease_s=60)
     assert again is not None and again.locked_by == "alive"
+
+
+async def test_a_runs_own_lines_are_shown_to_the_model_as_the_run_not_as_unpaired(
+    engine: AsyncEngine, clock: Clock
+) -> None:
+    shown: list[str] = []
+
+    async def record(messages: Sequence[ChatMessage]) -> str:
+        shown.extend(m.content for m in messages if m.role == "user")
+        return "done"
+
+    turns = make_turns(engine, ScriptedProvider(record), clock)
+    run = Principal.system("cron-system")
+    await turns.handle(req("first run", "r1", clock, who=run, key=SessionKey("sop", "export")))
+    await turns.handle(req("second run", "r2", clock, who=run, key=SessionKey("sop", "export")))
+    earlier = next(line for line in shown if line.endswith("first run"))
+    assert "· cron-system]" in earlier and "unpaired" not in earlier
