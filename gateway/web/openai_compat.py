@@ -19,6 +19,7 @@ with 4xx statuses for bad requests, so OpenAI clients show them as they are.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import secrets
@@ -32,6 +33,7 @@ from aiohttp import web
 from gateway.prompt import estimate_tokens
 from gateway.turn import TurnRequest, TurnResult
 from gateway.web.app import CTX, ApiError, WebContext, _bearer, _conversation, authenticate
+from gateway.web.validation import MESSAGE_ID_RULE, check_message_id, parse_json
 
 log = logging.getLogger(__name__)
 
@@ -178,18 +180,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CTX]
     principal = await _caller(request)
     try:
-        body = json.loads(await request.read() or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise _invalid("the body is not valid JSON") from None
+        # The one safe JSON reader every chat surface uses: bounded depth, no huge integers.
+        body = parse_json(await request.read() or b"null")
+    except ApiError as exc:
+        raise _invalid(exc.message) from None
     text, stream, user_session = parse_completion_request(
         body, model=model_id(ctx), max_chars=ctx.config.server.max_message_chars
     )
     header_session = request.headers.get(SESSION_HEADER, "").strip()
     if len(header_session) > 200:
         raise _invalid(f"the {SESSION_HEADER} header must be at most 200 characters")
-    session = header_session or user_session or "openai-" + secrets.token_hex(8)
     # A client's Idempotency-Key makes its retries one turn, as message_id does on /v1/chat.
-    key = request.headers.get("Idempotency-Key", "").strip()[:150]
+    key = request.headers.get("Idempotency-Key", "").strip()
+    try:
+        check_message_id(key or None, field="Idempotency-Key")
+    except ApiError:
+        raise _invalid(f"the Idempotency-Key header must be {MESSAGE_ID_RULE}") from None
+    # Without a named session, a retry must still land in the session of its first try.
+    keyed = "openai-key-" + hashlib.sha256(key.encode()).hexdigest()[:16] if key else ""
+    session = header_session or user_session or keyed or "openai-" + secrets.token_hex(8)
     result: TurnResult = await ctx.turns.handle(
         TurnRequest(
             key=_conversation(principal, "api", session),
@@ -200,10 +209,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             display_name=principal.display_name,
         )
     )
-    if result.duplicate:
+    if result.duplicate and result.reply is None:
         raise OpenAIError(
-            409, "this request (Idempotency-Key) was already answered", type_="invalid_request_error", code="duplicate"
+            409,
+            "this request (Idempotency-Key) is being answered; retry in a moment",
+            type_="invalid_request_error",
+            code="duplicate",
         )
+    # A retry of an answered request gets the same answer again (the stored reply), not a new turn.
     if result.failed:
         raise OpenAIError(503, "the model is unavailable; try again later", type_="server_error", code="unavailable")
     reply = result.reply or ""

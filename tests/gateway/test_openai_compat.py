@@ -212,3 +212,29 @@ async def test_same_gate_an_admin_teaches_a_user_cannot(builtin_api: Api) -> Non
         model="goclaw", messages=[{"role": "user", "content": "which table does the daily report use?"}]
     )
     assert "example_orders" in (used.choices[0].message.content or "")
+
+
+async def test_a_retry_with_the_same_idempotency_key_is_one_turn_with_the_same_answer(api: Api) -> None:
+    client = api.client()
+    ask = {"model": "goclaw", "messages": [{"role": "user", "content": "only once"}]}
+    headers = {"Idempotency-Key": "req-7f3a"}
+    first = await client.chat.completions.with_raw_response.create(**ask, extra_headers=headers)  # type: ignore[call-overload]
+    again = await client.chat.completions.with_raw_response.create(**ask, extra_headers=headers)  # type: ignore[call-overload]
+    assert first.headers["X-Goclaw-Session"] == again.headers["X-Goclaw-Session"]
+    reply = first.parse().choices[0].message.content
+    assert again.parse().choices[0].message.content == reply == f"echo: [Bob · {api.user}] only once"
+    session = first.headers["X-Goclaw-Session"]
+    assert await api.messages(api.user, session) == [(api.user, "only once"), ("agent", reply)]
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.chat.completions.create(**ask, extra_headers={"Idempotency-Key": "has spaces:and colons"})  # type: ignore[call-overload]
+    assert "Idempotency-Key" in bad.value.message
+
+
+async def test_hostile_json_is_a_400_in_openai_shape_never_a_500(api: Api) -> None:
+    async with ClientSession() as http:
+        for body in (b"[" * 5000 + b"]" * 5000, b'{"model": "goclaw", "messages": [], "n": ' + b"9" * 5000 + b"}"):
+            async with http.post(
+                f"{api.base}/v1/chat/completions", data=body, headers={"Authorization": f"Bearer {USER_TOKEN}"}
+            ) as raw:
+                assert raw.status == 400
+                assert (await raw.json())["error"]["type"] == "invalid_request_error"
