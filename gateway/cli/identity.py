@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import typer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.cli import ids
 from gateway.cli.common import ConfigOpt, JsonOpt
 from gateway.cli.common import guarded as common_guarded
 from memory.identity import IdentityStore, ProposalView, accept_proposal, authorize_decide, reject_proposal
@@ -117,9 +118,10 @@ def identity_accept(
         from gateway.cli.memory import _writer
 
         async def action(cfg: Any, engine: AsyncEngine) -> Any:
-            admin = await _decider(engine, by)
+            admin = await _decider(engine, await ids.user_id(engine, by))
             writer = _writer(cfg, MemoryStore(engine))
-            return await accept_proposal(IdentityStore(engine), writer, proposal_id, by=admin, rationale=rationale)
+            pid = await ids.proposal_id(engine, proposal_id)
+            return await accept_proposal(IdentityStore(engine), writer, pid, by=admin, rationale=rationale)
 
         done = with_engine(config, action)
         if as_json:
@@ -127,7 +129,7 @@ def identity_accept(
             return
         retired = f"; it replaces {', '.join(done.retired)} (kept as history)" if done.retired else ""
         out.print(
-            f"accepted {proposal_id}: identity record {done.record.id} ({done.record.scope}, "
+            f"accepted {done.proposal.id}: identity record {done.record.id} ({done.record.scope}, "
             f"'{done.record.subject}'){retired}. Running gateways render it within 30 seconds.",
             highlight=False,
         )
@@ -145,14 +147,15 @@ def identity_reject(
         from gateway.cli import out, print_json
 
         async def action(_cfg: Any, engine: AsyncEngine) -> ProposalView:
-            admin = await _decider(engine, by)
-            return await reject_proposal(IdentityStore(engine), proposal_id, by=admin, rationale=rationale)
+            admin = await _decider(engine, await ids.user_id(engine, by))
+            pid = await ids.proposal_id(engine, proposal_id)
+            return await reject_proposal(IdentityStore(engine), pid, by=admin, rationale=rationale)
 
         done = with_engine(config, action)
         if as_json:
             print_json(done.as_json())
         else:
-            out.print(f"rejected {proposal_id}", highlight=False)
+            out.print(f"rejected {done.id}", highlight=False)
 
     guarded(body)
 

@@ -97,3 +97,19 @@ async def revision_id(engine: AsyncEngine, given: str) -> str:
     from memory.models import MemoryRevision
 
     return await resolve_id(engine, [MemoryRevision.id], given, kind="revision", hint="goclaw memory revisions")
+
+
+async def proposal_id(engine: AsyncEngine, given: str) -> str:
+    """An identity proposal id from an id or a unique prefix."""
+    from memory.facts_models import IdentityProposal
+
+    return await resolve_id(
+        engine, [IdentityProposal.id], given, kind="proposal", hint="goclaw identity proposals --all"
+    )
+
+
+async def obligation_id(engine: AsyncEngine, given: str) -> str:
+    """An obligation id from an id or a unique prefix."""
+    from memory.facts_models import Obligation
+
+    return await resolve_id(engine, [Obligation.id], given, kind="obligation", hint="goclaw obligations --all")

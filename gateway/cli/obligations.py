@@ -13,6 +13,7 @@ from typing import Any
 import typer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.cli import ids
 from gateway.cli.common import ConfigOpt, JsonOpt
 from gateway.cli.identity import guarded, named_person, with_engine
 from memory.facts_models import DISPOSITIONS
@@ -70,7 +71,8 @@ def obligation_show(obligation_id: str, as_json: bool = _JSON, config: str | Non
         from gateway.cli import out, print_json
 
         async def action(cfg: Any, engine: AsyncEngine) -> tuple[ObligationHistory, dict[str, tuple[str, ...]]]:
-            return await FindingsStore(engine).history(obligation_id), cfg.intelligence.resolver_roles()
+            oid = await ids.obligation_id(engine, obligation_id)
+            return await FindingsStore(engine).history(oid), cfg.intelligence.resolver_roles()
 
         history, resolvers = with_engine(config, action)
         if as_json:
@@ -110,10 +112,10 @@ def obligation_resolve(
         from gateway.cli import out, print_json
 
         async def action(cfg: Any, engine: AsyncEngine) -> ObligationView:
-            person = await named_person(engine, by)
+            person = await named_person(engine, await ids.user_id(engine, by))
             return await resolve_obligation(
                 FindingsStore(engine),
-                obligation_id,
+                await ids.obligation_id(engine, obligation_id),
                 by=person,
                 disposition=disposition,
                 rationale=rationale,
