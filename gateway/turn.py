@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from gateway.config import Config
 from gateway.explain import TurnExplanation, directive_explanation, explain_turn
 from gateway.llm.base import ChatMessage, LLMProvider, LLMUnavailable, Tool
+from gateway.llm.limit import ModelCallLimit
 from gateway.metrics import Metrics
 from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, learning_line, safe_name
 from gateway.replies import stored_reply
@@ -169,7 +170,9 @@ class TurnHandler:
         self._on_trim = on_trim
         self._locks: dict[SessionKey, asyncio.Lock] = {}
         self._waiting: dict[SessionKey, int] = {}
-        self._slots = asyncio.Semaphore(config.session.max_concurrent_sessions)
+        # Bounds model calls in flight, never a whole turn: a session waiting for the
+        # model holds no slot while others store messages or run their tools.
+        self.model_calls = ModelCallLimit(config.llm.max_concurrent_calls)
         self.budgets = PromptBudgets(memory=config.memory.prompt_token_budget)
 
     async def handle(self, req: TurnRequest, *, on_chunk: ChunkSink | None = None) -> TurnResult:
@@ -183,7 +186,7 @@ class TurnHandler:
         self.metrics.in_flight.inc()
         outcome = "ok"
         try:
-            async with lock, self._slots:
+            async with lock:
                 result = await self._handle_locked(req, on_chunk)
             outcome = "duplicate" if result.duplicate else ("failed" if result.failed else "ok")
             return result
@@ -298,7 +301,11 @@ class TurnHandler:
 
         self.metrics.llm_calls.labels(self.provider.name).inc()
         result = await run_tool_loop(
-            self.provider, messages, tools, principal, max_steps=self.config.llm.max_tool_steps
+            self.model_calls.bound(self.provider),
+            messages,
+            tools,
+            principal,
+            max_steps=self.config.llm.max_tool_steps,
         )
         text = result.text.strip()
         return text or "(the model gave no answer)", result
