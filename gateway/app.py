@@ -228,6 +228,8 @@ class Gateway:
             except Exception as exc:
                 log.warning("channel %s did not stop cleanly: %s", name, exc)
             self.channel_state[name] = "stopped"
+        if hasattr(self, "turns"):
+            await self.turns.settled()  # a trim in flight finishes (it would be redone at the next turn)
         if hasattr(self, "idle"):
             await self.idle.stop()
         if hasattr(self, "automation"):
