@@ -13,7 +13,7 @@ same gateway with 32 model calls in flight (main held a 32-slot semaphore across
 the whole turn, ``session.max_concurrent_sessions``, which caps the same way).
 
     .venv/bin/python bench/model_load.py [--sessions 200] [--seconds 20] [--model-ms 500]
-        [--users 20] [--baseline-limit 32] [--limit 256] [--no-baseline]
+        [--users 20] [--baseline-limit 32] [--limit 256] [--no-baseline] [--postgres [URL]]
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -61,6 +63,29 @@ PEER = textwrap.dedent(
 )
 
 
+async def fresh_pg_database(server: str) -> tuple[str, str]:
+    """A new empty database on the PostgreSQL at ``server`` (postgresql+asyncpg://user@host:port/db)."""
+    import asyncpg
+
+    name = "goclaw_bench_" + secrets.token_hex(5)
+    conn = await asyncpg.connect(server.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return f"{server.rpartition('/')[0]}/{name}", name
+
+
+async def drop_pg_database(server: str, name: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(server.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
 async def seed_users(db_url: str, n: int) -> list[str]:
     """Migrate the database and pair ``n`` API users."""
     from gateway.db import make_engine, upgrade
@@ -89,7 +114,7 @@ async def healthz_sampler(url: str, stop: asyncio.Event, out: list[float]) -> No
             await asyncio.sleep(0.05)
 
 
-async def drive(base: str, tokens: list[str], sessions: int, seconds: float) -> dict[str, float]:
+async def drive(base: str, tokens: list[str], sessions: int, seconds: float) -> dict[str, Any]:
     """``sessions`` concurrent sessions posting /v1/chat for ``seconds``; the figures."""
     latencies: list[float] = []
     errors: dict[str, int] = {}
@@ -132,13 +157,22 @@ async def drive(base: str, tokens: list[str], sessions: int, seconds: float) -> 
         "errors": float(sum(errors.values())),
         "health_p50": pct(health, 0.5),
         "health_p99": pct(health, 0.99),
-        "error_kinds": errors,  # type: ignore[dict-item]
+        "error_kinds": errors,
     }
 
 
-async def run_gateway(tmp: Path, name: str, users: list[str], limit: int, args: argparse.Namespace) -> dict:
-    """Start a peer and a ``goclaw serve`` with ``limit`` model calls in flight, load it, stop both."""
-    db_url = f"sqlite+aiosqlite:///{tmp}/{name}.db"
+async def run_gateway(
+    tmp: Path, name: str, source: Path, limit: int | None, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Start a peer and ``source``'s ``goclaw serve`` with ``limit`` model calls in flight, load it, stop both.
+
+    ``limit`` None runs a tree that predates ``llm.max_concurrent_calls`` on its own defaults.
+    """
+    pg_name = None
+    if args.postgres:
+        db_url, pg_name = await fresh_pg_database(args.postgres)
+    else:
+        db_url = f"sqlite+aiosqlite:///{tmp}/{name}.db"
     users = await seed_users(db_url, args.users)
     tokens = [f"bench-token-{name}-{i:04d}-0123456789" for i in range(len(users))]
     peer_port, gw_port = free_port(), free_port()
@@ -152,7 +186,7 @@ async def run_gateway(tmp: Path, name: str, users: list[str], limit: int, args: 
                     "model": "bench-model",
                     "base_url": f"http://127.0.0.1:{peer_port}/v1",
                     "api_key": "sk-bench",
-                    "max_concurrent_calls": limit,
+                    **({"max_concurrent_calls": limit} if limit is not None else {}),
                 },
                 "server": {
                     "port": gw_port,
@@ -162,9 +196,10 @@ async def run_gateway(tmp: Path, name: str, users: list[str], limit: int, args: 
             }
         )
     )
-    env = {**os.environ, "NO_PROXY": "127.0.0.1", "PYTHONPATH": str(args.source)}
+    env = {**os.environ, "NO_PROXY": "127.0.0.1", "PYTHONPATH": str(source)}
     peer = subprocess.Popen([sys.executable, "-c", PEER, str(peer_port), str(args.model_ms)], env=env)
-    gw = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(cfg)], cwd=tmp, env=env)
+    profile = ["-m", "cProfile", "-o", str(args.profile)] if args.profile and name == "gateway" else []
+    gw = subprocess.Popen([sys.executable, *profile, "-m", "gateway", "serve", "--config", str(cfg)], cwd=tmp, env=env)
     try:
         await wait_up(f"http://127.0.0.1:{gw_port}/healthz", timeout=90)
         base = f"http://127.0.0.1:{gw_port}"
@@ -175,9 +210,11 @@ async def run_gateway(tmp: Path, name: str, users: list[str], limit: int, args: 
             p.terminate()
         for p in (gw, peer):
             p.wait(15)
+        if pg_name:
+            await drop_pg_database(args.postgres, pg_name)
 
 
-def line(name: str, r: dict, model_ms: float) -> str:
+def line(name: str, r: dict[str, Any], model_ms: float) -> str:
     return (
         f"{name:<22} {r['turns_s']:7.1f} turns/s  p50 +{r['p50'] - model_ms:7.1f} ms  "
         f"p99 +{r['p99'] - model_ms:7.1f} ms  errors {int(r['errors'])} {r['error_kinds'] or ''}  "
@@ -194,16 +231,34 @@ async def main() -> None:
     ap.add_argument("--limit", type=int, default=256, help="llm.max_concurrent_calls of the measured gateway")
     ap.add_argument("--baseline-limit", type=int, default=32, help="main's ceiling (its 32-slot turn semaphore)")
     ap.add_argument("--no-baseline", action="store_true")
-    ap.add_argument("--source", type=Path, default=ROOT, help="the source tree to run (e.g. a checkout of main)")
+    ap.add_argument(
+        "--postgres",
+        nargs="?",
+        const="postgresql+asyncpg://postgres@127.0.0.1:5432/test",
+        default=None,
+        help="run on PostgreSQL (a fresh database on this server for each gateway) instead of SQLite",
+    )
+    ap.add_argument("--profile", type=Path, default=None, help="write a cProfile of the measured gateway here")
+    ap.add_argument(
+        "--baseline-source",
+        type=Path,
+        default=None,
+        help="run the baseline from this source tree (e.g. an export of main) on its own defaults",
+    )
     args = ap.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         if not args.no_baseline:
-            base = await run_gateway(Path(tmp), "baseline", [], args.baseline_limit, args)
-            results.append((f"baseline (limit {args.baseline_limit})", base))
-        now = await run_gateway(Path(tmp), "gateway", [], args.limit, args)
+            if args.baseline_source:
+                base = await run_gateway(Path(tmp), "baseline", args.baseline_source, None, args)
+                results.append((f"baseline ({args.baseline_source.name})", base))
+            else:
+                base = await run_gateway(Path(tmp), "baseline", ROOT, args.baseline_limit, args)
+                results.append((f"baseline (limit {args.baseline_limit})", base))
+        now = await run_gateway(Path(tmp), "gateway", ROOT, args.limit, args)
         results.append((f"gateway (limit {args.limit})", now))
-    print(f"\n{args.sessions} sessions, model {args.model_ms:.0f} ms, {args.seconds:.0f} s each, SQLite:")
+    backend = "PostgreSQL" if args.postgres else "SQLite"
+    print(f"\n{args.sessions} sessions, model {args.model_ms:.0f} ms, {args.seconds:.0f} s each, {backend}:")
     for name, r in results:
         print(line(name, r, args.model_ms))
     print(

@@ -25,6 +25,7 @@ from gateway.llm.base import LLMProvider
 from gateway.memory_glue import GatewayMemory, build_memory
 from gateway.metrics import Metrics
 from gateway.notices import NoticeDelivery
+from gateway.revise_job import FORGET_DONE
 from gateway.sessions import SessionKey, SessionStore
 from gateway.turn import TurnHandler, TurnRequest, TurnResult
 from gateway.web.app import WebContext, build_web_app
@@ -96,7 +97,11 @@ class Gateway:
         await self.provider.start()
         self.memory, job_handlers = build_memory(self)
         self.worker = JobWorker(
-            self.sessions, job_handlers, metrics=self.metrics, lease_s=self.config.session.job_lease_seconds
+            self.sessions,
+            job_handlers,
+            metrics=self.metrics,
+            lease_s=self.config.session.job_lease_seconds,
+            forget_done=FORGET_DONE,
         )
         self.idle = IdleExtractor(
             self.engine,
