@@ -43,8 +43,20 @@ lint: $(DEV_STAMP)
 type: $(DEV_STAMP)
 	$(BIN)/mypy
 
+# Every benchmark in bench/, each with a quick setting (all of them in under 10 minutes on 2 cores);
+# a benchmark not listed here runs on its own defaults. bench/README.md has the full runs and figures.
+QUICK_turn_overhead := --requests 400 --runs 1
+QUICK_provider_cpu := --calls 100 --runs 3
+QUICK_startup := --runs 3
+QUICK_model_load := --seconds 10
+QUICK_memory_prompt := --records 20000 --runs 100
+QUICK_consolidation := --notes 2000
+QUICK_learning_delay := --runs 3
+QUICK_dashboard_pages := --records 20000 --runs 10
+BENCHES := $(sort $(wildcard bench/*.py))
+
 bench: $(DEV_STAMP)
-	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	$(foreach b,$(BENCHES),echo "== $(b)" && $(BIN)/python $(b) $(QUICK_$(basename $(notdir $(b)))) && ) true
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

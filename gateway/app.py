@@ -25,6 +25,7 @@ from gateway.llm.base import LLMProvider
 from gateway.memory_glue import GatewayMemory, build_memory
 from gateway.metrics import Metrics
 from gateway.notices import NoticeDelivery
+from gateway.revise_job import FORGET_DONE
 from gateway.sessions import SessionKey, SessionStore
 from gateway.turn import TurnHandler, TurnRequest, TurnResult
 from gateway.web.app import WebContext, build_web_app
@@ -107,7 +108,11 @@ class Gateway:
 
         self.sop_before_step.append(route_findings)
         self.worker = JobWorker(
-            self.sessions, job_handlers, metrics=self.metrics, lease_s=self.config.session.job_lease_seconds
+            self.sessions,
+            job_handlers,
+            metrics=self.metrics,
+            lease_s=self.config.session.job_lease_seconds,
+            forget_done=FORGET_DONE,
         )
         self.idle = IdleExtractor(
             self.engine,
@@ -239,6 +244,8 @@ class Gateway:
             except Exception as exc:
                 log.warning("channel %s did not stop cleanly: %s", name, exc)
             self.channel_state[name] = "stopped"
+        if hasattr(self, "turns"):
+            await self.turns.settled()  # a trim in flight finishes (it would be redone at the next turn)
         if hasattr(self, "idle"):
             await self.idle.stop()
         if hasattr(self, "automation"):

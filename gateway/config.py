@@ -31,6 +31,10 @@ RETIRED_SETTINGS = {
         "memory.quarantine_learned_facts is retired and nothing reads it: non-admin operational items "
         "are dropped by the memory policy; remove the key"
     ),
+    ("session", "max_concurrent_sessions"): (
+        "session.max_concurrent_sessions is retired and nothing reads it: sessions are no longer limited "
+        "(each waits only for its own turn); to bound load on the model set llm.max_concurrent_calls; remove the key"
+    ),
 }
 
 
@@ -101,6 +105,8 @@ class LLMConfig(_Model):
     max_tool_steps: int = Field(default=6, ge=1, le=50)
     temperature: float = Field(default=0.2, ge=0, le=2)
     max_tokens: int = Field(default=1024, ge=16)
+    # Model calls this process has in flight at once; more wait their turn (the model server's capacity).
+    max_concurrent_calls: int = Field(default=256, ge=1)
 
     @model_validator(mode="after")
     def _provider_needs(self) -> LLMConfig:
@@ -172,7 +178,8 @@ class SessionConfig(_Model):
 
     max_messages: int = Field(default=40, ge=4)
     keep_messages: int = Field(default=10, ge=1)
-    max_concurrent_sessions: int = Field(default=32, ge=1)
+    # Retired (a semaphore held across the model call): read by nothing; a config that sets it gets a warning.
+    max_concurrent_sessions: int | None = None
     history_token_budget: int = Field(default=6000, ge=256)
     # Extract what a session taught once it has been quiet this long (0: only at the trim).
     idle_extract_seconds: float = Field(default=120, ge=0)

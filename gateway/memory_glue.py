@@ -18,6 +18,7 @@ from gateway.facts_glue import FactsGlue
 from gateway.idle import messages_between
 from gateway.llm.base import Tool
 from gateway.models import Job
+from gateway.revise_job import REVISE_JOB, TURN_SOURCES, revise_job, revision_enqueuer
 from gateway.scheduler import Scheduler, consolidation_model, extraction_model, judge_model
 from gateway.sessions import SessionStore, StoredMessage, principal_from_json, summarize
 from gateway.turn import MemoryContext, RunContext
@@ -169,6 +170,8 @@ class RevisingWriter(MemoryWriter):
 
     reviser: BeliefReviser | None = None
     on_identity_write: Callable[[], None] | None = None
+    # Set by the gateway: a turn's writes are revised by the worker (gateway.revise_job), not in the turn.
+    defer_revision: Callable[[str, str | None], Awaitable[None]] | None = None
 
     async def write(self, principal: Principal, scope: str, source: str, **kwargs: Any) -> WriteResult:
         """Write through the gate, then revise what was written, all under one run id.
@@ -183,7 +186,14 @@ class RevisingWriter(MemoryWriter):
             self.on_identity_write()
         record = result.record if result.written else None
         if self.reviser is not None and record is not None and record.status == "live":
-            await self.reviser.revise(record.id, cause="live", run_id=kwargs["run_id"])
+            # A person's turn defers the judge; an autonomous run (cron, SOP, webhook) has nobody
+            # waiting and keeps it inline, so the run ends with its memory revised.
+            if self.defer_revision is not None and source in TURN_SOURCES and principal.is_human:
+                # Only the judge is slow; a record with nothing related needs no judge and no job.
+                if await self.reviser.candidates(record):
+                    await self.defer_revision(record.id, kwargs["run_id"])
+            else:
+                await self.reviser.revise(record.id, cause="live", run_id=kwargs["run_id"])
         return result
 
 
@@ -442,4 +452,5 @@ def build_memory(gw: Gateway) -> tuple[GatewayMemory, dict[str, JobHandler]]:
         clock=gw.clock,
         on_identity_change=glue.forget_identity,
     )
-    return glue, {"extract": glue.extract_job}
+    writer.defer_revision = revision_enqueuer(gw.sessions, lambda: gw.worker.wake())
+    return glue, {"extract": glue.extract_job, REVISE_JOB: revise_job(reviser)}

@@ -1,4 +1,4 @@
-"""The turn: store the message, answer it, trim the history. One path for every channel."""
+"""The turn: store the message, answer it, then trim the history. One path for every channel."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from gateway.config import Config
 from gateway.explain import TurnExplanation, directive_explanation, explain_turn
 from gateway.llm.base import ChatMessage, LLMProvider, LLMUnavailable, Tool
+from gateway.llm.limit import ModelCallLimit
 from gateway.metrics import Metrics
 from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, learning_line, safe_name
 from gateway.replies import stored_reply
@@ -141,7 +142,7 @@ class TurnResult:
     reply: str | None
     duplicate: bool = False
     failed: bool = False
-    trimmed: TrimResult | None = None
+    trimmed: TrimResult | None = None  # set once the trim after the reply is done
     used_memory: tuple[str, ...] = field(default=())
     turn_record_id: int | None = None  # the stored explanation of this turn (dashboard: explain a turn)
     model_calls: int = 0  # model requests this turn made (tool rounds included); SOP run history shows it
@@ -173,11 +174,21 @@ class TurnHandler:
         self._on_trim = on_trim
         self._locks: dict[SessionKey, asyncio.Lock] = {}
         self._waiting: dict[SessionKey, int] = {}
-        self._slots = asyncio.Semaphore(config.session.max_concurrent_sessions)
+        # Bounds model calls in flight, never a whole turn: a session waiting for the
+        # model holds no slot while others store messages or run their tools.
+        self.model_calls = ModelCallLimit(config.llm.max_concurrent_calls)
+        self._trims: set[asyncio.Task[None]] = set()
         self.budgets = PromptBudgets(memory=config.memory.prompt_token_budget)
 
     async def handle(self, req: TurnRequest, *, on_chunk: ChunkSink | None = None) -> TurnResult:
-        """Store ``req`` (once), answer it if asked, and trim the session's history."""
+        """Store ``req`` (once) and answer it if asked; trim the session's history after the reply.
+
+        The trim runs once this returns (the reply is sent), still holding the
+        session's lock, so the session's next message waits for it and sees the
+        trimmed history. It is one transaction: a crash before it only means the
+        next turn of the session trims. ``result.trimmed`` is set when it is done
+        (``await settled()`` waits for every pending trim).
+        """
         started = time.perf_counter()
         # The place in line is taken before the first await, so messages of one
         # session are handled in the order they arrived (asyncio.Lock is FIFO).
@@ -187,8 +198,20 @@ class TurnHandler:
         self.metrics.in_flight.inc()
         outcome = "ok"
         try:
-            async with lock, self._slots:
-                result = await self._handle_locked(req, on_chunk)
+            await lock.acquire()
+            try:
+                result, trim_needed = await self._handle_locked(req, on_chunk)
+            except BaseException:
+                lock.release()
+                raise
+            if trim_needed:
+                # The lock passes to the trim, which releases it: the session keeps its place.
+                self._waiting[key] += 1
+                task = asyncio.create_task(self._trim_after_reply(key, lock, result, req.principal))
+                self._trims.add(task)
+                task.add_done_callback(self._trims.discard)
+            else:
+                lock.release()
             outcome = "duplicate" if result.duplicate else ("failed" if result.failed else "ok")
             return result
         except Exception:
@@ -196,14 +219,35 @@ class TurnHandler:
             raise
         finally:
             self.metrics.in_flight.dec()
-            self._waiting[key] -= 1
-            if not self._waiting[key]:
-                del self._waiting[key]
-                self._locks.pop(key, None)
+            self._leave(key)
             self.metrics.turns.labels(req.key.channel, outcome).inc()
             self.metrics.turn_seconds.observe(time.perf_counter() - started)
 
-    async def _handle_locked(self, req: TurnRequest, on_chunk: ChunkSink | None) -> TurnResult:
+    async def settled(self) -> None:
+        """Wait until every trim started by a finished turn is done (shutdown, tests)."""
+        while self._trims:
+            await asyncio.gather(*self._trims, return_exceptions=True)
+
+    def _leave(self, key: SessionKey) -> None:
+        self._waiting[key] -= 1
+        if not self._waiting[key]:
+            del self._waiting[key]
+            self._locks.pop(key, None)
+
+    async def _trim_after_reply(
+        self, key: SessionKey, lock: asyncio.Lock, result: TurnResult, principal: Principal
+    ) -> None:
+        try:
+            result.trimmed = await self._trim(result.session_id, principal)
+        except Exception:
+            # Nothing is lost: the history stays as it was and the next turn trims.
+            log.exception("session %s: trim failed; the next turn will trim", result.session_id)
+        finally:
+            lock.release()
+            self._leave(key)
+
+    async def _handle_locked(self, req: TurnRequest, on_chunk: ChunkSink | None) -> tuple[TurnResult, bool]:
+        """The turn up to its reply, and whether the history now needs a trim."""
         start = await self.sessions.begin_turn(
             req.key,
             platform_message_id=req.message_id,
@@ -219,7 +263,7 @@ class TurnHandler:
         if start.stored is None:
             # An answered redelivery gets the stored reply again, never a second model call.
             log.info("session %s: message %s already handled; ignoring redelivery", session_id, req.message_id)
-            return TurnResult(session_id, start.reply, duplicate=True)
+            return TurnResult(session_id, start.reply, duplicate=True), False
         if start.resumed:
             log.info(
                 "session %s: message %s was stored but never answered; answering it now", session_id, req.message_id
@@ -229,9 +273,7 @@ class TurnHandler:
         if req.reply:
             result = await self._answer(session_id, req, start.stored, start.history, start.previous_context, on_chunk)
             live += 1  # the stored reply
-        if live > self.config.session.max_messages or start.resumed:
-            result.trimmed = await self._trim(session_id, req.principal)
-        return result
+        return result, live > self.config.session.max_messages or start.resumed
 
     async def _answer(
         self,
@@ -307,7 +349,11 @@ class TurnHandler:
 
         self.metrics.llm_calls.labels(self.provider.name).inc()
         result = await run_tool_loop(
-            self.provider, messages, tools, principal, max_steps=self.config.llm.max_tool_steps
+            self.model_calls.bound(self.provider),
+            messages,
+            tools,
+            principal,
+            max_steps=self.config.llm.max_tool_steps,
         )
         text = result.text.strip()
         return text or "(the model gave no answer)", result

@@ -8,7 +8,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 
-from sqlalchemy import update
+from sqlalchemy import delete, update
 
 from gateway.metrics import Metrics
 from gateway.models import Job
@@ -27,6 +27,12 @@ async def renew_lease(sessions: SessionStore, job_id: int, worker_id: str) -> bo
             .values(locked_at=sessions.now())
         )
         return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+async def forget_job(sessions: SessionStore, job_id: int) -> None:
+    """Delete a finished job whose outcome is recorded elsewhere (a ``revise`` job: its revision rows)."""
+    async with sessions.transaction() as s:
+        await s.execute(delete(Job).where(Job.id == job_id))
 
 
 class ParkableError(Exception):
@@ -54,6 +60,7 @@ class JobWorker:
         metrics: Metrics | None = None,
         lease_s: float = 30.0,
         heartbeat_s: float | None = None,
+        forget_done: frozenset[str] = frozenset(),
     ) -> None:
         self.sessions = sessions
         self.handlers = dict(handlers)
@@ -66,6 +73,8 @@ class JobWorker:
         # over within ``lease_s``, a live one's never.
         self.lease_s = lease_s
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else lease_s / 3
+        # Kinds whose finished jobs are deleted, not kept as done: their outcome has its own record.
+        self.forget_done = forget_done
         self._storage_down = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -105,7 +114,10 @@ class JobWorker:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
-        await self.sessions.finish_job(job.id)
+        if job.kind in self.forget_done:
+            await forget_job(self.sessions, job.id)
+        else:
+            await self.sessions.finish_job(job.id)
         self._count(job.kind, "done")
         return True
 

@@ -49,6 +49,7 @@ async def _run(sqlite_url: str, clock: Clock, provider: object) -> tuple[Gateway
     for i, text in enumerate(["answer me in English", "the report is produced from example_orders", "thanks"]):
         clock.advance(seconds=10)
         await gw.turns.handle(TurnRequest(SessionKey("api", "room"), admin, text, f"m{i}", clock.now, "Alice"))
+    await gw.turns.settled()  # the trim runs after the reply
     return gw, admin
 
 

@@ -129,6 +129,7 @@ async def test_trim_writes_summary_archive_and_job_together(engine: AsyncEngine,
         clock.advance(minutes=1)
         who = ALICE if i % 2 == 0 else BOB
         result = await turns.handle(req(f"line {i}", f"m{i}", clock, who=who))
+    await turns.settled()  # the trim runs after the reply
     assert result is not None and result.trimmed is not None
     trim = result.trimmed
     assert trim.message_count == 6

@@ -1,0 +1,272 @@
+"""A real model's load: 200 sessions on a 500 ms OpenAI-compatible model through a real ``goclaw serve``.
+
+The model is a local OpenAI-compatible peer in its own process that answers
+every chat.completions request after ``--model-ms`` (structured requests, the
+extractor's and the judge's, get an empty valid answer). The gateway runs as its
+own ``goclaw serve`` process with ``llm.provider: openai`` pointed at the peer
+and ``--users`` API users; this process is the client: ``--sessions`` concurrent
+sessions post /v1/chat for ``--seconds``, while /healthz is sampled every 50 ms.
+
+Reported for each gateway: turns/s, p50/p99 latency above the model's time,
+errors, /healthz p50/p99. The baseline in the same run is main's ceiling: the
+same gateway with 32 model calls in flight (main held a 32-slot semaphore across
+the whole turn, ``session.max_concurrent_sessions``, which caps the same way).
+
+    .venv/bin/python bench/model_load.py [--sessions 200] [--seconds 20] [--model-ms 500]
+        [--users 20] [--baseline-limit 32] [--limit 256] [--no-baseline] [--postgres [URL]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.turn_overhead import free_port, pct, wait_up
+
+PEER = textwrap.dedent(
+    """
+    import asyncio, json, sys, time
+    from aiohttp import web
+    DELAY = float(sys.argv[2]) / 1000
+    STRUCTURED = {"extraction_result": {"items": []}, "revision_judgement": {"decisions": []}}
+    async def chat(request):
+        body = await request.json()
+        await asyncio.sleep(DELAY)
+        fmt = (body.get("response_format") or {}).get("json_schema", {}).get("name")
+        text = json.dumps(STRUCTURED.get(fmt, {})) if fmt else "The daily report comes from example_orders."
+        return web.json_response({
+            "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model", "bench"),
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
+        })
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None, backlog=4096)
+    """
+)
+
+
+async def fresh_pg_database(server: str) -> tuple[str, str]:
+    """A new empty database on the PostgreSQL at ``server`` (postgresql+asyncpg://user@host:port/db)."""
+    import asyncpg
+
+    name = "goclaw_bench_" + secrets.token_hex(5)
+    conn = await asyncpg.connect(server.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return f"{server.rpartition('/')[0]}/{name}", name
+
+
+async def drop_pg_database(server: str, name: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(server.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+async def seed_users(db_url: str, n: int) -> list[str]:
+    """Migrate the database and pair ``n`` API users."""
+    from gateway.db import make_engine, upgrade
+    from pairing import PairingStore
+
+    engine = make_engine(db_url)
+    await upgrade(engine)
+    store = PairingStore(engine)
+    ids = [(await store.add_user(f"Bench {i}", "user")).id for i in range(n)]
+    await engine.dispose()
+    return ids
+
+
+async def healthz_sampler(url: str, stop: asyncio.Event, out: list[float]) -> None:
+    """GET /healthz every 50 ms until ``stop``; latencies in ms (a failure counts as 10 s)."""
+    async with aiohttp.ClientSession() as http:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                async with http.get(url) as r:
+                    await r.read()
+                    ok = r.status == 200
+            except aiohttp.ClientError:
+                ok = False
+            out.append((time.perf_counter() - t0) * 1000 if ok else 10_000.0)
+            await asyncio.sleep(0.05)
+
+
+async def drive(base: str, tokens: list[str], sessions: int, seconds: float) -> dict[str, Any]:
+    """``sessions`` concurrent sessions posting /v1/chat for ``seconds``; the figures."""
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    health: list[float] = []
+    stop = asyncio.Event()
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+
+        async def session(s: int) -> None:
+            headers = {"Authorization": f"Bearer {tokens[s % len(tokens)]}"}
+            i = 0
+            while not stop.is_set():
+                body = {"session": f"load-{s}", "text": f"where does the daily report come from? ({i})"}
+                t0 = time.perf_counter()
+                try:
+                    async with http.post(f"{base}/v1/chat", json=body, headers=headers) as r:
+                        await r.read()
+                        if r.status != 200:
+                            errors[f"HTTP {r.status}"] = errors.get(f"HTTP {r.status}", 0) + 1
+                            continue
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                    continue
+                if not stop.is_set():
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                i += 1
+
+        sampler = asyncio.create_task(healthz_sampler(f"{base}/healthz", stop, health))
+        started = time.perf_counter()
+        clients = [asyncio.create_task(session(s)) for s in range(sessions)]
+        await asyncio.sleep(seconds)
+        stop.set()
+        elapsed = time.perf_counter() - started
+        await asyncio.gather(*clients, sampler)
+    return {
+        "turns_s": len(latencies) / elapsed,
+        "p50": pct(latencies, 0.5),
+        "p99": pct(latencies, 0.99),
+        "errors": float(sum(errors.values())),
+        "health_p50": pct(health, 0.5),
+        "health_p99": pct(health, 0.99),
+        "error_kinds": errors,
+    }
+
+
+async def run_gateway(
+    tmp: Path, name: str, source: Path, limit: int | None, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Start a peer and ``source``'s ``goclaw serve`` with ``limit`` model calls in flight, load it, stop both.
+
+    ``limit`` None runs a tree that predates ``llm.max_concurrent_calls`` on its own defaults.
+    """
+    pg_name = None
+    if args.postgres:
+        db_url, pg_name = await fresh_pg_database(args.postgres)
+    else:
+        db_url = f"sqlite+aiosqlite:///{tmp}/{name}.db"
+    users = await seed_users(db_url, args.users)
+    tokens = [f"bench-token-{name}-{i:04d}-0123456789" for i in range(len(users))]
+    peer_port, gw_port = free_port(), free_port()
+    cfg = tmp / f"{name}.yaml"
+    cfg.write_text(
+        json.dumps(
+            {
+                "database": {"url": db_url},
+                "llm": {
+                    "provider": "openai",
+                    "model": "bench-model",
+                    "base_url": f"http://127.0.0.1:{peer_port}/v1",
+                    "api_key": "sk-bench",
+                    **({"max_concurrent_calls": limit} if limit is not None else {}),
+                },
+                "server": {
+                    "port": gw_port,
+                    "api_users": [{"token": t, "user": u} for t, u in zip(tokens, users, strict=True)],
+                },
+                "logging": {"level": "WARNING"},
+            }
+        )
+    )
+    env = {**os.environ, "NO_PROXY": "127.0.0.1", "PYTHONPATH": str(source)}
+    peer = subprocess.Popen([sys.executable, "-c", PEER, str(peer_port), str(args.model_ms)], env=env)
+    profile = ["-m", "cProfile", "-o", str(args.profile)] if args.profile and name == "gateway" else []
+    gw = subprocess.Popen([sys.executable, *profile, "-m", "gateway", "serve", "--config", str(cfg)], cwd=tmp, env=env)
+    try:
+        await wait_up(f"http://127.0.0.1:{gw_port}/healthz", timeout=90)
+        base = f"http://127.0.0.1:{gw_port}"
+        await drive(base, tokens, min(args.sessions, 20), 2)  # warm-up
+        return await drive(base, tokens, args.sessions, args.seconds)
+    finally:
+        for p in (gw, peer):
+            p.terminate()
+        for p in (gw, peer):
+            p.wait(15)
+        if pg_name:
+            await drop_pg_database(args.postgres, pg_name)
+
+
+def line(name: str, r: dict[str, Any], model_ms: float) -> str:
+    return (
+        f"{name:<22} {r['turns_s']:7.1f} turns/s  p50 +{r['p50'] - model_ms:7.1f} ms  "
+        f"p99 +{r['p99'] - model_ms:7.1f} ms  errors {int(r['errors'])} {r['error_kinds'] or ''}  "
+        f"/healthz p50 {r['health_p50']:6.1f} ms p99 {r['health_p99']:6.1f} ms"
+    )
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", type=int, default=200)
+    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--model-ms", type=float, default=500)
+    ap.add_argument("--users", type=int, default=20)
+    ap.add_argument("--limit", type=int, default=256, help="llm.max_concurrent_calls of the measured gateway")
+    ap.add_argument("--baseline-limit", type=int, default=32, help="main's ceiling (its 32-slot turn semaphore)")
+    ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument(
+        "--postgres",
+        nargs="?",
+        const="postgresql+asyncpg://postgres@127.0.0.1:5432/test",
+        default=None,
+        help="run on PostgreSQL (a fresh database on this server for each gateway) instead of SQLite",
+    )
+    ap.add_argument("--profile", type=Path, default=None, help="write a cProfile of the measured gateway here")
+    ap.add_argument(
+        "--baseline-source",
+        type=Path,
+        default=None,
+        help="run the baseline from this source tree (e.g. an export of main) on its own defaults",
+    )
+    args = ap.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.no_baseline:
+            if args.baseline_source:
+                base = await run_gateway(Path(tmp), "baseline", args.baseline_source, None, args)
+                results.append((f"baseline ({args.baseline_source.name})", base))
+            else:
+                base = await run_gateway(Path(tmp), "baseline", ROOT, args.baseline_limit, args)
+                results.append((f"baseline (limit {args.baseline_limit})", base))
+        now = await run_gateway(Path(tmp), "gateway", ROOT, args.limit, args)
+        results.append((f"gateway (limit {args.limit})", now))
+    backend = "PostgreSQL" if args.postgres else "SQLite"
+    print(f"\n{args.sessions} sessions, model {args.model_ms:.0f} ms, {args.seconds:.0f} s each, {backend}:")
+    for name, r in results:
+        print(line(name, r, args.model_ms))
+    print(
+        "targets: >= 300 turns/s, p99 < +500 ms, no errors, /healthz p99 < 20 ms "
+        "(max possible: sessions / model time = "
+        f"{args.sessions / (args.model_ms / 1000):.0f} turns/s)"
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

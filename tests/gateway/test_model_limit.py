@@ -1,0 +1,122 @@
+"""The concurrency limit bounds model calls in flight, never a whole turn (issue 14, target 2)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.config import Config, LLMConfig, load_config
+from gateway.llm.base import ChatMessage
+from gateway.models import Message
+from gateway.sessions import SessionKey, SessionStore
+from gateway.turn import TurnHandler, TurnRequest
+from pairing.principal import Principal, Role
+from tests.conftest import Clock
+from tests.gateway.scripted import ScriptedProvider
+
+ALICE = Principal.human("u_alice", Role.USER, "Alice")
+
+
+class GatedModel:
+    """Answers once ``release`` is set; counts the calls inside it."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.inside = 0
+        self.peak = 0
+
+    async def __call__(self, messages: Sequence[ChatMessage]) -> str:
+        self.inside += 1
+        self.peak = max(self.peak, self.inside)
+        try:
+            await self.release.wait()
+        finally:
+            self.inside -= 1
+        return "done"
+
+
+def _turns(engine: AsyncEngine, model: GatedModel, clock: Clock, limit: int) -> TurnHandler:
+    cfg = Config(llm=LLMConfig(max_concurrent_calls=limit))
+    return TurnHandler(
+        config=cfg, sessions=SessionStore(engine, clock=clock), provider=ScriptedProvider(model), clock=clock
+    )
+
+
+def _req(room: str, clock: Clock, *, reply: bool = True) -> TurnRequest:
+    return TurnRequest(
+        key=SessionKey("api", room),
+        principal=ALICE,
+        text=f"hello from {room}",
+        message_id=f"m-{room}",
+        said_at=clock.now,
+        reply=reply,
+    )
+
+
+async def _stored(engine: AsyncEngine) -> int:
+    async with engine.connect() as conn:
+        return int((await conn.execute(select(func.count()).select_from(Message))).scalar_one())
+
+
+async def _until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    for _ in range(600):
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_model_calls_in_flight_never_exceed_the_limit_while_every_session_moves_on(
+    engine: AsyncEngine, clock: Clock
+) -> None:
+    model = GatedModel()
+    turns = _turns(engine, model, clock, limit=2)
+    tasks = [asyncio.create_task(turns.handle(_req(f"room-{i}", clock))) for i in range(6)]
+    # Every session stores its message although only two may talk to the model: the
+    # old per-turn semaphore stopped the other four before they were even stored.
+    await _until(lambda: _async(model.inside == 2), "two model calls in flight")
+    await _until(lambda: _count_is(engine, 6), "all six messages stored")
+    assert model.inside == 2
+    model.release.set()
+    results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+    assert [r.reply for r in results] == ["done"] * 6
+    assert model.peak == 2
+    assert turns.model_calls.peak == 2
+
+
+async def test_a_session_waiting_for_the_model_holds_no_database_connection(engine: AsyncEngine, clock: Clock) -> None:
+    # On SQLite the engine has one connection; were it held across the model call,
+    # the store-only message and the read below would wait for the model.
+    model = GatedModel()
+    turns = _turns(engine, model, clock, limit=1)
+    waiting = asyncio.create_task(turns.handle(_req("slow", clock)))
+    await _until(lambda: _async(model.inside == 1), "the model call in flight")
+    stored_only = await asyncio.wait_for(turns.handle(_req("other", clock, reply=False)), timeout=30)
+    assert stored_only.reply is None and not stored_only.duplicate
+    history = await asyncio.wait_for(turns.sessions.history(stored_only.session_id), timeout=30)
+    assert [m.text for m in history] == ["hello from other"]
+    assert not waiting.done()
+    model.release.set()
+    assert (await asyncio.wait_for(waiting, timeout=30)).reply == "done"
+
+
+def test_the_retired_session_limit_loads_with_a_warning_naming_its_replacement(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("session:\n  max_concurrent_sessions: 32\n")
+    cfg = load_config(path, env={})
+    (warning,) = cfg.warnings
+    assert "session.max_concurrent_sessions is retired" in warning
+    assert "llm.max_concurrent_calls" in warning
+    assert cfg.llm.max_concurrent_calls == 256
+
+
+async def _async(value: bool) -> bool:
+    return value
+
+
+async def _count_is(engine: AsyncEngine, n: int) -> bool:
+    return await _stored(engine) == n
