@@ -49,7 +49,7 @@ class WritingModel:
         self.chat_calls += 1
         if messages[-1].role == "tool":
             return Completion("noted", model=self.model)
-        args = {"scope": "agent_notes", "subject": "daily report data source", "content": NEW}
+        args = {"scope": "agent_notes", "subject": "daily report data source", "content": NEW, "review_by": "30d"}
         return Completion("", tool_calls=(ToolCall("c1", "memory_write", args),), model=self.model)
 
     async def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]:
