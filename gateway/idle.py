@@ -25,7 +25,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.models import Job, Message, Session
-from gateway.sessions import StoredMessage
+from gateway.sessions import StoredMessage, stored_message
 
 log = logging.getLogger(__name__)
 
@@ -194,17 +194,4 @@ async def messages_between(engine: AsyncEngine, session_id: str, after: int, thr
     q = select(msgs).where(msgs.c.session_id == session_id, msgs.c.id > after, msgs.c.id <= through).order_by(msgs.c.id)
     async with engine.connect() as conn:
         rows = (await conn.execute(q)).all()
-    return [
-        StoredMessage(
-            r.id,
-            r.session_id,
-            r.platform_message_id,
-            r.speaker_user_id,
-            r.stored_role,
-            r.display_name,
-            r.text,
-            r.said_at,
-            r.is_agent,
-        )
-        for r in rows
-    ]
+    return [stored_message(r) for r in rows]

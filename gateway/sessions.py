@@ -94,7 +94,8 @@ class TrimResult:
     summary: str
 
 
-def _to_view(m: Message) -> StoredMessage:
+def stored_message(m: Message | Any) -> StoredMessage:
+    """The view of a stored message, from an ORM ``Message`` or a Core row of the messages table."""
     return StoredMessage(
         m.id,
         m.session_id,
@@ -306,20 +307,7 @@ class SessionStore:
             if resumed and (not rows or rows[0].id != new_id):
                 # Already trimmed into an archive: answer it with what is still live.
                 rows = [(await conn.execute(select(msgs).where(msgs.c.id == new_id))).one(), *rows]
-        history = [
-            StoredMessage(
-                r.id,
-                r.session_id,
-                r.platform_message_id,
-                r.speaker_user_id,
-                r.stored_role,
-                r.display_name,
-                r.text,
-                r.said_at,
-                r.is_agent,
-            )
-            for r in reversed(rows)
-        ]
+        history = [stored_message(r) for r in reversed(rows)]
         if resumed:
             current = next(m for m in history if m.id == new_id)
             history = [m for m in history if m.id != new_id] + [current]
@@ -415,13 +403,13 @@ class SessionStore:
                 rows = list(reversed((await s.scalars(q)).all()))
             else:
                 rows = list((await s.scalars(q.order_by(Message.id))).all())
-            return [_to_view(m) for m in rows]
+            return [stored_message(m) for m in rows]
 
     async def all_messages(self, session_id: str) -> list[StoredMessage]:
         """Every message of a session, trimmed or not, oldest first."""
         async with self._sessions() as s:
             rows = (await s.scalars(select(Message).where(Message.session_id == session_id).order_by(Message.id))).all()
-            return [_to_view(m) for m in rows]
+            return [stored_message(m) for m in rows]
 
     async def took_part(self, session_id: str, user_id: str) -> bool:
         """Whether ``user_id`` has a message in the session."""
@@ -483,7 +471,7 @@ class SessionStore:
             ).all()
             if len(live) <= max_messages:
                 return None
-            cut = [_to_view(m) for m in live[: len(live) - keep_messages]]
+            cut = [stored_message(m) for m in live[: len(live) - keep_messages]]
             archive_id = "a_" + secrets.token_hex(8)
             now = self.now()
             summary = summarize(cut)
@@ -536,7 +524,7 @@ class SessionStore:
         """The messages of one trimmed slice, oldest first."""
         async with self._sessions() as s:
             rows = (await s.scalars(select(Message).where(Message.archive_id == archive_id).order_by(Message.id))).all()
-            return [_to_view(m) for m in rows]
+            return [stored_message(m) for m in rows]
 
     async def get_archive(self, archive_id: str) -> Archive | None:
         """One archive."""
