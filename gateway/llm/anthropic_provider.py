@@ -27,7 +27,7 @@ from gateway.llm.sdk import SdkProvider
 try:  # the HTTP library the SDK is built on (httpx2 in recent releases, httpx before)
     from httpx2 import RequestError as _HttpRequestError
 except ImportError:  # pragma: no cover - older SDKs
-    from httpx import RequestError as _HttpRequestError
+    from httpx import RequestError as _HttpRequestError  # type: ignore[no-redef,unused-ignore]
 
 log = logging.getLogger(__name__)
 

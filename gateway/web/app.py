@@ -292,7 +292,11 @@ async def websocket(request: web.Request) -> web.StreamResponse:
         }
         if by_cookie and result.turn_record_id is not None:
             reply_frame["explain"] = f"/dashboard/turns/{result.turn_record_id}"
-        await ws.send_json(reply_frame)
+        try:
+            await ws.send_json(reply_frame)
+        except ConnectionError:
+            # The client left while its reply streamed (it is stored): not a storage failure.
+            break
     return ws
 
 

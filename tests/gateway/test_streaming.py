@@ -16,8 +16,7 @@ from typing import Any
 
 import openai
 import pytest
-from aiohttp import ClientSession, ClientWebSocketResponse
-from aiohttp.test_utils import TestServer
+from aiohttp import ClientSession, ClientWebSocketResponse, ClientWSTimeout, web
 
 from gateway.app import Gateway
 from gateway.config import Config
@@ -27,6 +26,7 @@ from gateway.llm.loop import ROUND_BREAK
 from gateway.llm.openai_provider import OpenAIProvider
 from gateway.sessions import SessionKey
 from gateway.turn import UNAVAILABLE_REPLY
+from gateway.web.app import CTX
 from pairing import PairingStore
 from tests.peers.fake_anthropic import FakeAnthropic
 from tests.peers.fake_openai import FakeOpenAI
@@ -69,12 +69,16 @@ async def _served(sqlite_url: str, kind: str, retries: int = 3) -> AsyncIterator
         )
         gw = Gateway(cfg, engine=engine, provider=provider)
         await gw.start(channels=False, worker=False)
-        server = TestServer(gw.web, host="127.0.0.1")
-        await server.start_server()
+        # Served as `goclaw serve` does (an AppRunner: a client that leaves does not cancel its turn).
+        runner = web.AppRunner(gw.web, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         try:
-            yield Served(gw, peer, str(server.make_url("")).rstrip("/"), user)
+            yield Served(gw, peer, f"http://127.0.0.1:{port}", user)
         finally:
-            await server.close()
+            await runner.cleanup()
             await gw.stop()
             await engine.dispose()
 
@@ -227,3 +231,26 @@ async def test_openai_sse_failing_before_any_token_is_a_503(sqlite_url: str) -> 
                 model="goclaw", user="down", stream=True, messages=[{"role": "user", "content": "hello?"}]
             )
         assert down.value.status_code == 503
+
+
+async def test_a_websocket_client_leaving_mid_stream_still_gets_its_reply_stored(served: Served) -> None:
+    hold = asyncio.Event()
+    served.peer.reply_text("An answer nobody waits for.", hold=hold)
+
+    # The server answers no close frame while its turn runs: don't wait long for one.
+    quick_close = ClientWSTimeout(ws_close=1.0)
+    async with (
+        ClientSession() as http,
+        http.ws_connect(f"{served.base}/v1/ws?token={TOKEN}", timeout=quick_close) as ws,
+    ):
+        await ws.send_json({"session": "left", "text": "answer me later"})
+        assert (await _frame(ws))["type"] == "chunk"
+    # The client is gone; the model finishes its answer.
+    hold.set()
+    for _ in range(600):
+        if len(await served.stored("left")) == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert await served.stored("left") == [(False, "answer me later"), (True, "An answer nobody waits for.")]
+    write_health = served.gw.web[CTX].write_health
+    assert write_health is not None and write_health._burst is None  # a closed socket is not a storage failure
