@@ -555,3 +555,14 @@ async def test_the_model_call_limit_holds_a_slot_for_the_whole_stream(harness: H
 
     assert limit.in_flight == 0
     assert limit.peak == 1
+
+
+async def test_a_silent_tool_round_adds_no_round_break(harness: Harness) -> None:
+    harness.peer.reply_tool_calls(("lookup", {"q": "x"}))
+    harness.peer.reply_text("done")
+    sink = Sink()
+
+    result = await run_tool_loop(harness.provider, CONVERSATION, [_lookup_tool([])], ALICE, max_steps=2, on_delta=sink)
+
+    assert sink.pieces == ["done"]
+    assert result.text == "done"
