@@ -43,6 +43,7 @@ from gateway.prompt import estimate_tokens
 from gateway.turn import GatewayNotice, TurnRequest, TurnResult
 from gateway.web.app import CTX, ApiError, WebContext, _bearer, _conversation, authenticate
 from gateway.web.validation import MESSAGE_ID_RULE, check_message_id, parse_json
+from gateway.write_health import STORAGE_MESSAGE, storage_reason
 
 log = logging.getLogger(__name__)
 
@@ -211,17 +212,31 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     created = int(time.time())
     headers = {SESSION_HEADER: session}
     sse = _SseReply(request, completion_id, created, model_id(ctx), headers) if stream else None
-    result: TurnResult = await ctx.turns.handle(
-        TurnRequest(
-            key=_conversation(principal, "api", session),
-            principal=principal,
-            text=text,
-            message_id=f"openai-{key}" if key else "openai-" + secrets.token_hex(8),
-            said_at=datetime.now(UTC),
-            display_name=principal.display_name,
-        ),
-        on_chunk=sse.delta if sse is not None else None,
-    )
+    try:
+        result: TurnResult = await ctx.turns.handle(
+            TurnRequest(
+                key=_conversation(principal, "api", session),
+                principal=principal,
+                text=text,
+                message_id=f"openai-{key}" if key else "openai-" + secrets.token_hex(8),
+                said_at=datetime.now(UTC),
+                display_name=principal.display_name,
+            ),
+            on_chunk=sse.delta if sse is not None else None,
+        )
+    except Exception as exc:
+        if sse is None or not sse.started:
+            raise  # the status is still ours to choose (errors_middleware: 503 for storage, else 500)
+        # Tokens are out, so no status can be sent: end the stream with an error event.
+        reason = storage_reason(exc)
+        if reason is not None:
+            assert ctx.write_health is not None
+            ctx.write_health.failed(reason)
+            message = STORAGE_MESSAGE.format(reason=reason)
+        else:
+            log.exception("streamed completion failed")
+            message = "internal error; it has been logged"
+        return await sse.fail(OpenAIError(503, message, type_="server_error", code="unavailable"))
     if sse is not None and sse.started:
         return await sse.finish(result)
     if result.duplicate and result.reply is None:
@@ -309,15 +324,20 @@ class _SseReply:
             await self.delta(reply)
         elif not result.failed and not "".join(self._sent).rstrip().endswith(reply):
             await self.delta("\n\n" + reply)
-        assert self._response is not None
         if result.failed:
-            # Mid-stream: the error event an OpenAI client raises (its status is long sent).
-            error = _unavailable()
-            body = {"error": {"message": error.message, "type": error.type, "param": None, "code": error.code}}
-            await self._write(f"data: {json.dumps(body)}\n\n".encode())
-        else:
-            await self._event({}, finish="stop")
-            await self._write(b"data: [DONE]\n\n")
+            return await self.fail(_unavailable())
+        await self._event({}, finish="stop")
+        await self._write(b"data: [DONE]\n\n")
+        return await self._end()
+
+    async def fail(self, error: OpenAIError) -> web.StreamResponse:
+        """End a started stream with the error event an OpenAI client raises (its status is long sent)."""
+        body = {"error": {"message": error.message, "type": error.type, "param": None, "code": error.code}}
+        await self._write(f"data: {json.dumps(body)}\n\n".encode())
+        return await self._end()
+
+    async def _end(self) -> web.StreamResponse:
+        assert self._response is not None
         if not self._gone:
             await self._response.write_eof()
         return self._response

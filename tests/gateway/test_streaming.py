@@ -30,6 +30,7 @@ from gateway.web.app import CTX
 from pairing import PairingStore
 from tests.peers.fake_anthropic import FakeAnthropic
 from tests.peers.fake_openai import FakeOpenAI
+from tests.security.test_faults_storage import Fault
 
 TOKEN = "stream-user-token-0123456789"
 WAIT = 30.0  # seconds: generous, only so a broken gateway fails instead of hanging
@@ -41,6 +42,7 @@ class Served:
     peer: FakeOpenAI | FakeAnthropic
     base: str
     user: str
+    db_url: str
 
     def client(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"{self.base}/v1", api_key=TOKEN, max_retries=0, timeout=WAIT)
@@ -76,7 +78,7 @@ async def _served(sqlite_url: str, kind: str, retries: int = 3) -> AsyncIterator
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         try:
-            yield Served(gw, peer, f"http://127.0.0.1:{port}", user)
+            yield Served(gw, peer, f"http://127.0.0.1:{port}", user, sqlite_url)
         finally:
             await runner.cleanup()
             await gw.stop()
@@ -254,3 +256,28 @@ async def test_a_websocket_client_leaving_mid_stream_still_gets_its_reply_stored
     assert await served.stored("left") == [(False, "answer me later"), (True, "An answer nobody waits for.")]
     write_health = served.gw.web[CTX].write_health
     assert write_health is not None and write_health._burst is None  # a closed socket is not a storage failure
+
+
+async def test_a_storage_failure_after_the_first_tokens_ends_the_sse_stream_with_an_error(
+    openai_served: Served,
+) -> None:
+    hold = asyncio.Event()
+    openai_served.peer.reply_text("one two three", hold=hold)
+    fault = Fault("sqlite-readonly", openai_served.gw, openai_served.db_url)
+
+    stream = await openai_served.client().chat.completions.create(
+        model="goclaw", user="fault", stream=True, messages=[{"role": "user", "content": "count"}]
+    )
+    pieces: list[str] = []
+
+    async def read_all() -> None:
+        async for chunk in stream:
+            pieces.append(chunk.choices[0].delta.content or "")
+            if "".join(pieces) == "one two " and not hold.is_set():
+                await fault.set(True)  # the reply cannot be stored now
+                hold.set()
+
+    with pytest.raises(openai.APIError, match="cannot store"):
+        await read_all()
+    await fault.set(False)
+    assert "".join(pieces) == "one two three"
