@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from gateway.config import Config
 from gateway.explain import TurnExplanation, directive_explanation, explain_turn
-from gateway.llm.base import ChatMessage, LLMProvider, LLMUnavailable, Tool
+from gateway.llm.base import ChatMessage, DeltaSink, LLMProvider, LLMUnavailable, Tool
 from gateway.llm.limit import ModelCallLimit
 from gateway.metrics import Metrics
 from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, learning_line, safe_name
@@ -149,6 +149,18 @@ class TurnResult:
 
 
 ChunkSink = Callable[[str], Awaitable[None]]
+"""Receives a reply as it is made: the model's text as it streams, or a whole reply in one piece."""
+
+
+class GatewayNotice(str):
+    """A chunk the gateway says in place of the model's answer (the unavailable reply).
+
+    A plain ``str`` to every sink; one that must tell it from the model's text
+    (the OpenAI-compatible endpoint answers a failure with an error, not as content)
+    checks ``isinstance(chunk, GatewayNotice)``.
+    """
+
+    __slots__ = ()
 
 
 class TurnHandler:
@@ -317,13 +329,26 @@ class TurnHandler:
             run=req.run,
             said_text=req.text,  # the person's own words: decision tools act only on them
         )
+        # The model's text goes to on_chunk as it streams, through every tool round
+        # (gateway.llm.loop), before the reply is stored; the stored reply is the last
+        # round's text, so a surface's final frame carries it for its client to reconcile.
+        streamed = False
+
+        async def forward(text: str) -> None:
+            nonlocal streamed
+            assert on_chunk is not None
+            streamed = True
+            await on_chunk(text)
+
         try:
-            reply, loop = await self._call_model(messages, tools, req.principal)
+            reply, loop = await self._call_model(messages, tools, req.principal, forward if on_chunk else None)
         except LLMUnavailable as exc:
             self.metrics.llm_errors.labels(self.provider.name).inc()
             log.error("session %s: model unavailable: %s", session_id, exc)
             if on_chunk:
-                await on_chunk(UNAVAILABLE_REPLY)
+                # One piece, set apart from any text that went out before the failure
+                # (which is not sent again: the provider does not retry after it).
+                await on_chunk(GatewayNotice("\n\n" + UNAVAILABLE_REPLY if streamed else UNAVAILABLE_REPLY))
             return TurnResult(session_id, UNAVAILABLE_REPLY, failed=True)
         explanation = explain_turn(
             messages=messages,
@@ -337,13 +362,10 @@ class TurnHandler:
             output_tokens=loop.output_tokens,
         )
         reply, record_id = await self._store_reply(session_id, req, stored, reply, explanation)
-        if on_chunk:
-            for chunk in _chunks(reply):
-                await on_chunk(chunk)
         return TurnResult(session_id, reply, used_memory=mem.used_ids, turn_record_id=record_id, model_calls=loop.steps)
 
     async def _call_model(
-        self, messages: list[ChatMessage], tools: list[Tool], principal: Principal
+        self, messages: list[ChatMessage], tools: list[Tool], principal: Principal, on_delta: DeltaSink | None
     ) -> tuple[str, ToolLoopResult]:
         from gateway.llm.loop import run_tool_loop
 
@@ -354,6 +376,7 @@ class TurnHandler:
             tools,
             principal,
             max_steps=self.config.llm.max_tool_steps,
+            on_delta=on_delta,
         )
         text = result.text.strip()
         return text or "(the model gave no answer)", result
@@ -425,17 +448,3 @@ class TurnHandler:
             if self._on_trim:
                 self._on_trim(result)
         return result
-
-
-def _chunks(text: str, size: int = 48) -> list[str]:
-    """Reply pieces for streaming surfaces, cut after spaces."""
-    out: list[str] = []
-    start = 0
-    while start < len(text):
-        end = min(len(text), start + size)
-        if end < len(text):
-            space = text.rfind(" ", start, end)
-            end = space + 1 if space > start else end
-        out.append(text[start:end])
-        start = end
-    return out

@@ -3,6 +3,11 @@
 The one network chokepoint to Anthropic: the official ``anthropic`` SDK's
 ``AsyncAnthropic`` (``base_url`` configurable, so tests point it at a local
 server), with its own retries off so that ``gateway.llm.retry`` decides.
+
+With a delta sink the call streams (``"stream": true``): the SDK decodes the
+events (message_start, content_block_start / _delta / _stop, message_delta,
+message_stop); ``text_delta`` pieces go to the sink as they arrive and
+``input_json_delta`` pieces are joined into each ``tool_use`` block's input.
 """
 
 from __future__ import annotations
@@ -10,14 +15,19 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import anthropic
 
-from gateway.llm.base import ChatMessage, Completion, JsonSchema, LLMUnavailable, Tool, ToolCall
-from gateway.llm.retry import describe_failure, is_retryable_status
+from gateway.llm.base import ChatMessage, Completion, DeltaSink, JsonSchema, Tool, ToolCall
+from gateway.llm.retry import is_retryable_status
 from gateway.llm.sdk import SdkProvider
+
+try:  # the HTTP library the SDK is built on (httpx2 in recent releases, httpx before)
+    from httpx2 import RequestError as _HttpRequestError
+except ImportError:  # pragma: no cover - older SDKs
+    from httpx import RequestError as _HttpRequestError  # type: ignore[no-redef,unused-ignore]
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +133,8 @@ class AnthropicProvider(SdkProvider[anthropic.AsyncAnthropic]):
     name = "anthropic"
 
     sdk_errors = (anthropic.AnthropicError,)
+    # The SDK's stream iterator lets its HTTP library's read errors through unwrapped.
+    stream_errors = (_HttpRequestError,)
 
     def _make_client(self) -> anthropic.AsyncAnthropic:
         return anthropic.AsyncAnthropic(
@@ -159,14 +171,26 @@ class AnthropicProvider(SdkProvider[anthropic.AsyncAnthropic]):
         *,
         tools: Sequence[Tool] = (),
         json_schema: JsonSchema | None = None,
+        on_delta: DeltaSink | None = None,
     ) -> Completion:
-        """One Messages API call; raises LLMUnavailable after retries.
+        """One Messages API call (streamed to ``on_delta`` when given); raises LLMUnavailable after retries.
 
         With ``json_schema``, the schema is put in the system prompt (the API has no
         ``response_format``) and the answer's text is reduced to the JSON document.
         """
         client = self._require_client()
         request = self._request(messages, tools, json_schema)
+        if on_delta is not None:
+            completion = await self._call_streaming(lambda sink: self._read_stream(client, request, sink), on_delta)
+            if json_schema is not None:
+                return Completion(
+                    strip_json_answer(completion.text),
+                    completion.tool_calls,
+                    completion.model,
+                    completion.input_tokens,
+                    completion.output_tokens,
+                )
+            return completion
         response = await self._call(lambda: client.messages.create(**request))
         texts: list[str] = []
         calls: list[ToolCall] = []
@@ -188,20 +212,60 @@ class AnthropicProvider(SdkProvider[anthropic.AsyncAnthropic]):
             output_tokens=(usage.output_tokens or 0) if usage else 0,
         )
 
-    async def stream(self, messages: Sequence[ChatMessage]) -> AsyncGenerator[str, None]:
-        """Text chunks of a reply without tools.
-
-        Only opening the stream is retried: once text has gone out to the person,
-        a retry would repeat it, so a failure mid-stream raises LLMUnavailable.
-        """
-        client = self._require_client()
-        request = {**self._request(messages, (), None), "stream": True}
-        stream = await self._call(lambda: client.messages.create(**request))
+    async def _read_stream(
+        self, client: anthropic.AsyncAnthropic, request: dict[str, Any], sink: DeltaSink
+    ) -> Completion:
+        """One streamed attempt, read to its end: text to ``sink``, tool_use blocks and usage assembled."""
+        stream = await client.messages.create(**request, stream=True)
+        texts: list[str] = []
+        blocks: dict[int, dict[str, Any]] = {}  # tool_use blocks by index: id, name, input JSON pieces
+        model = self.model
+        input_tokens = output_tokens = 0
         try:
             async for event in stream:
-                if event.type == "content_block_delta" and event.delta.type == "text_delta" and event.delta.text:
-                    yield event.delta.text
-        except anthropic.AnthropicError as exc:
-            raise LLMUnavailable(f"{self._label} stream interrupted: {describe_failure(exc)}") from exc
+                kind = event.type
+                if kind == "content_block_delta":
+                    delta = event.delta
+                    if delta.type == "text_delta":
+                        if delta.text:
+                            texts.append(delta.text)
+                            await sink(delta.text)
+                    elif delta.type == "input_json_delta" and event.index in blocks:
+                        blocks[event.index]["json"].append(delta.partial_json)
+                elif kind == "content_block_start":
+                    block = event.content_block
+                    if block.type == "tool_use":
+                        blocks[event.index] = {"id": block.id, "name": block.name, "json": []}
+                elif kind == "message_start":
+                    model = event.message.model or model
+                    usage = event.message.usage
+                    input_tokens = (usage.input_tokens or 0) if usage else 0
+                    output_tokens = (usage.output_tokens or 0) if usage else 0
+                elif kind == "message_delta" and event.usage is not None:
+                    # Cumulative: the count so far, not an increment.
+                    output_tokens = event.usage.output_tokens or output_tokens
         finally:
             await stream.close()
+        calls = [
+            ToolCall(id=b["id"], name=b["name"], arguments=_tool_input("".join(b["json"]), b["name"]))
+            for _index, b in sorted(blocks.items())
+        ]
+        return Completion(
+            text="".join(texts),
+            tool_calls=tuple(calls),
+            model=model,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+        )
+
+
+def _tool_input(raw: str, tool_name: str) -> dict[str, Any]:
+    """A streamed tool_use block's input; malformed JSON becomes ``{}`` so the turn goes on."""
+    if not raw.strip():
+        return {}  # a tool called with no arguments streams no input_json_delta at all
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        log.warning("model sent malformed input for tool %s: %.200r; using {}", tool_name, raw)
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -52,6 +52,9 @@ class LLMUnavailable(Exception):
     """The model could not answer after retries (timeouts, 429/5xx, connection errors)."""
 
 
+DeltaSink = Callable[[str], Awaitable[None]]
+"""Receives a reply's text as the model produces it, one piece at a time, in order."""
+
 ToolHandler = Callable[[Principal, Mapping[str, Any]], Awaitable[str]]
 ToolAuthorizer = Callable[[Principal], str | None]
 """Returns why the principal may not use the tool, or None."""
@@ -86,8 +89,17 @@ class LLMProvider(Protocol):
         *,
         tools: Sequence[Tool] = (),
         json_schema: JsonSchema | None = None,
+        on_delta: DeltaSink | None = None,
     ) -> Completion:
-        """One model call; raises LLMUnavailable after retries."""
+        """One model call; raises LLMUnavailable after retries.
 
-    def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]:
-        """Text chunks of a reply without tools (WebSocket streaming)."""
+        With ``on_delta`` the call streams: each piece of the answer's text is
+        awaited through ``on_delta`` as it arrives, and the returned Completion is
+        the whole answer (text, assembled tool calls, usage) as without it. Only a
+        failure before the first piece is retried; after it, a retry would send the
+        person text twice, so the call raises LLMUnavailable. Without ``on_delta``
+        the call is the plain, non-streaming request (the cheap path for callers
+        with nobody watching: POST /v1/chat, Discord, Teams, SOP runs, jobs); callers
+        pass ``on_delta`` only when they have a sink, so a provider that never
+        streams may leave it out.
+        """

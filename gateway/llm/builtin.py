@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
-from gateway.llm.base import ChatMessage, Completion, JsonSchema, Tool, ToolCall
+from gateway.llm.base import ChatMessage, Completion, DeltaSink, JsonSchema, Tool, ToolCall
 from gateway.llm.scripted import SCRIPTED_TOOLS, scripted_calls
 from gateway.prompt import LEARN_AT_TRIM, LEARN_ON_PAUSE, OPERATIONAL, PERSONAL, SPEAKER
 
@@ -71,8 +71,20 @@ class BuiltinProvider:
         *,
         tools: Sequence[Tool] = (),
         json_schema: JsonSchema | None = None,
+        on_delta: DeltaSink | None = None,
     ) -> Completion:
-        """Answer deterministically from the prompt."""
+        """Answer deterministically from the prompt (word by word to ``on_delta``, when given)."""
+        completion = self._answer(messages, tools, json_schema)
+        if on_delta is not None and completion.text:
+            for i, word in enumerate(completion.text.split(" ")):
+                piece = word if i == 0 else " " + word
+                if piece:
+                    await on_delta(piece)
+        return completion
+
+    def _answer(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Tool], json_schema: JsonSchema | None
+    ) -> Completion:
         system = "\n".join(m.content for m in messages if m.role == "system")
         user = next((m.content for m in reversed(messages) if m.role == "user"), "")
         if json_schema is not None:
@@ -101,12 +113,6 @@ class BuiltinProvider:
             return None
         tool_calls = tuple(ToolCall(f"scripted-{i}", name, args) for i, (name, args) in enumerate(calls))
         return Completion("", tool_calls=tool_calls, model=self.model)
-
-    async def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]:
-        """The same reply, word by word."""
-        reply = (await self.complete(messages)).text
-        for i, word in enumerate(reply.split(" ")):
-            yield word if i == 0 else " " + word
 
     def _structured(self, name: str, system: str, user: str) -> str:
         from memory import rules  # memory's rule-based classifier and judges

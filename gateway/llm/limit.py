@@ -9,9 +9,9 @@ connection is held across the call (the stores open one per transaction).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
-from gateway.llm.base import ChatMessage, Completion, JsonSchema, LLMProvider, Tool
+from gateway.llm.base import ChatMessage, Completion, DeltaSink, JsonSchema, LLMProvider, Tool
 
 
 class ModelCallLimit:
@@ -39,7 +39,11 @@ class ModelCallLimit:
 
 
 class BoundedProvider:
-    """An LLM provider whose ``complete`` and ``stream`` take a slot of a :class:`ModelCallLimit`."""
+    """An LLM provider whose every ``complete`` takes a slot of a :class:`ModelCallLimit`.
+
+    A streaming call holds its slot until its last piece has been handed on: the
+    model server is working on it all that time.
+    """
 
     def __init__(self, inner: LLMProvider, limit: ModelCallLimit) -> None:
         self.inner = inner
@@ -61,13 +65,10 @@ class BoundedProvider:
         *,
         tools: Sequence[Tool] = (),
         json_schema: JsonSchema | None = None,
+        on_delta: DeltaSink | None = None,
     ) -> Completion:
-        """One model call, once a slot is free."""
+        """One model call (streamed or not), once a slot is free."""
         async with self.limit:
-            return await self.inner.complete(messages, tools=tools, json_schema=json_schema)
-
-    async def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]:
-        """Text chunks of a reply; the slot is held until the last chunk."""
-        async with self.limit:
-            async for chunk in self.inner.stream(messages):
-                yield chunk
+            if on_delta is None:
+                return await self.inner.complete(messages, tools=tools, json_schema=json_schema)
+            return await self.inner.complete(messages, tools=tools, json_schema=json_schema, on_delta=on_delta)

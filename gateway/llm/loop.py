@@ -4,6 +4,15 @@ Permissions are enforced here, in code, not by the model: a tool is offered only
 when ``authorize(principal)`` allows it, and every call is checked again when the
 model makes it, because a model (or a prompt injected into it) may name a tool it
 was never offered.
+
+Streaming: with ``on_delta``, every model round streams, and its text reaches
+the sink as it arrives, including text a model writes in a round that then
+calls tools ("Let me look that up."): the person watching sees it at once, and
+a later round's text follows after a blank line (``ROUND_BREAK``). The loop's
+``text`` stays the last round's text alone, as without streaming, because that
+is the reply the turn stores; so the pieces sent can differ from ``text``, and a
+surface that streams must let its client reconcile (the WebSocket's final
+``reply`` frame carries the stored reply).
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.llm.base import ChatMessage, Completion, LLMProvider, Tool, ToolCall
+from gateway.llm.base import ChatMessage, Completion, DeltaSink, LLMProvider, Tool, ToolCall
 from pairing.principal import Principal
 
 log = logging.getLogger(__name__)
@@ -25,6 +34,9 @@ FINAL_STEP_INSTRUCTION = (
     "You have used all the tool calls allowed for this turn. Answer the person now, in plain text, "
     "with what you have; say what you could not finish."
 )
+
+# Between the streamed text of two model rounds.
+ROUND_BREAK = "\n\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +99,7 @@ async def run_tool_loop(
     principal: Principal,
     *,
     max_steps: int,
+    on_delta: DeltaSink | None = None,
 ) -> ToolLoopResult:
     """Let the model call tools until it answers in text, or the step budget runs out.
 
@@ -96,6 +109,8 @@ async def run_tool_loop(
         tools: Every tool the gateway has; only those the principal may use are offered.
         principal: Who the turn runs as; each tool call is authorised for them.
         max_steps: Model calls that may use tools; then one last call without tools.
+        on_delta: Receives the text of every round as it streams (see the module doc);
+            None makes plain, non-streaming calls.
 
     Returns:
         The answer and a record of the tool calls made.
@@ -111,6 +126,25 @@ async def run_tool_loop(
     made: list[tuple[str, Mapping[str, Any], str]] = []
     steps = input_tokens = output_tokens = 0
     completion: Completion | None = None
+    streamed = False  # some round's text has gone to on_delta
+    round_started = False
+
+    async def forward(text: str) -> None:
+        nonlocal streamed, round_started
+        assert on_delta is not None
+        if not round_started:
+            round_started = True
+            if streamed:
+                await on_delta(ROUND_BREAK)
+        streamed = True
+        await on_delta(text)
+
+    async def ask(offer: Sequence[Tool]) -> Completion:
+        nonlocal round_started
+        if on_delta is None:
+            return await provider.complete(conversation, tools=offer)
+        round_started = False
+        return await provider.complete(conversation, tools=offer, on_delta=forward)
 
     def result(text: str) -> ToolLoopResult:
         return ToolLoopResult(
@@ -123,7 +157,7 @@ async def run_tool_loop(
         )
 
     for _ in range(max(1, max_steps)):
-        completion = await provider.complete(conversation, tools=offered)
+        completion = await ask(offered)
         steps += 1
         input_tokens += completion.input_tokens
         output_tokens += completion.output_tokens
@@ -137,7 +171,7 @@ async def run_tool_loop(
 
     log.info("tool loop reached max_steps=%d; asking for a text answer", max_steps)
     conversation.append(ChatMessage(role="system", content=FINAL_STEP_INSTRUCTION))
-    completion = await provider.complete(conversation, tools=())
+    completion = await ask(())
     steps += 1
     input_tokens += completion.input_tokens
     output_tokens += completion.output_tokens

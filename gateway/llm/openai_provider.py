@@ -10,20 +10,25 @@ SDK's TypedDict transform over every message and tool on each call, which cost
 about 8 ms of CPU for a 30-message history (bench/provider_cpu.py), several times
 the rest of a turn. The SDK still owns the HTTP client, timeouts, the error
 classes (status, headers, body) that the retry policy reads, and SSE decoding.
+
+With a delta sink the same request goes out with ``"stream": true`` (and
+``stream_options.include_usage`` for the token counts); the SDK's ``AsyncStream``
+decodes the SSE events into plain dicts (``cast_to=object``, no model objects),
+text deltas go to the sink as they arrive, and tool-call deltas are assembled by
+their ``index`` into whole calls.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import openai
-from openai.types.chat import ChatCompletionChunk
 
-from gateway.llm.base import ChatMessage, Completion, JsonSchema, LLMUnavailable, Tool, ToolCall
-from gateway.llm.retry import describe_failure, is_retryable_status
+from gateway.llm.base import ChatMessage, Completion, DeltaSink, JsonSchema, Tool, ToolCall
+from gateway.llm.retry import is_retryable_status
 from gateway.llm.sdk import SdkProvider
 
 log = logging.getLogger(__name__)
@@ -121,8 +126,9 @@ class OpenAIProvider(SdkProvider[openai.AsyncOpenAI]):
         *,
         tools: Sequence[Tool] = (),
         json_schema: JsonSchema | None = None,
+        on_delta: DeltaSink | None = None,
     ) -> Completion:
-        """One chat completion; raises LLMUnavailable after retries."""
+        """One chat completion (streamed to ``on_delta`` when given); raises LLMUnavailable after retries."""
         client = self._require_client()
         request = self._base_request(messages)
         if tools:
@@ -134,6 +140,10 @@ class OpenAIProvider(SdkProvider[openai.AsyncOpenAI]):
                 "type": "json_schema",
                 "json_schema": {"name": json_schema.name, "schema": dict(json_schema.schema), "strict": False},
             }
+        if on_delta is not None:
+            request["stream"] = True
+            request["stream_options"] = {"include_usage": True}
+            return await self._call_streaming(lambda sink: self._read_stream(client, request, sink), on_delta)
         response = await self._call(lambda: self._post_json(client, request))
         return self._parse(response)
 
@@ -177,30 +187,73 @@ class OpenAIProvider(SdkProvider[openai.AsyncOpenAI]):
             output_tokens=int(usage.get("completion_tokens") or 0),
         )
 
-    async def stream(self, messages: Sequence[ChatMessage]) -> AsyncGenerator[str, None]:
-        """Text chunks of a reply without tools.
-
-        Only opening the stream is retried: once text has gone out to the person,
-        a retry would repeat it, so a failure mid-stream raises LLMUnavailable.
-        """
-        client = self._require_client()
-        request = {**self._base_request(messages), "stream": True}
-        stream = await self._call(
-            lambda: client.post(
-                "/chat/completions",
-                body=request,
-                cast_to=ChatCompletionChunk,
-                stream=True,
-                stream_cls=openai.AsyncStream[ChatCompletionChunk],
-            )
+    async def _read_stream(self, client: openai.AsyncOpenAI, request: dict[str, Any], sink: DeltaSink) -> Completion:
+        """One streamed attempt, read to its end: text to ``sink``, tool calls and usage assembled."""
+        stream = await client.post(
+            "/chat/completions",
+            body=request,
+            cast_to=object,
+            stream=True,
+            stream_cls=openai.AsyncStream[object],
         )
+        texts: list[str] = []
+        refusals: list[str] = []
+        # Tool calls arrive in pieces keyed by index: the first names the call, the
+        # rest add to its arguments (a JSON string cut anywhere).
+        calls: dict[int, dict[str, Any]] = {}
+        model = self.model
+        usage: Mapping[str, Any] = {}
         try:
             async for chunk in stream:
-                for choice in chunk.choices or []:
-                    delta = choice.delta.content if choice.delta else None
-                    if delta:
-                        yield delta
-        except openai.OpenAIError as exc:
-            raise LLMUnavailable(f"{self._label} stream interrupted: {describe_failure(exc)}") from exc
+                if not isinstance(chunk, Mapping):
+                    continue
+                model = chunk.get("model") or model
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") if isinstance(choice, Mapping) else None
+                    if not isinstance(delta, Mapping):
+                        continue
+                    text = delta.get("content")
+                    if text:
+                        texts.append(text)
+                        await sink(text)
+                    if delta.get("refusal"):
+                        refusals.append(delta["refusal"])
+                    for position, piece in enumerate(delta.get("tool_calls") or ()):
+                        if isinstance(piece, Mapping):
+                            _add_call_piece(calls, piece, position)
         finally:
             await stream.close()
+        return self._parse(
+            {
+                "model": model,
+                "choices": [
+                    {
+                        "message": {
+                            "content": "".join(texts),
+                            "refusal": "".join(refusals) or None,
+                            "tool_calls": [calls[i] for i in sorted(calls)],
+                        }
+                    }
+                ],
+                "usage": usage,
+            }
+        )
+
+
+def _add_call_piece(calls: dict[int, dict[str, Any]], piece: Mapping[str, Any], position: int) -> None:
+    """Fold one streamed tool-call delta into ``calls`` (wire-format tool calls, by index)."""
+    index = piece.get("index")
+    index = index if isinstance(index, int) else position
+    call = calls.setdefault(index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+    if piece.get("id"):
+        call["id"] = piece["id"]
+    if piece.get("type"):
+        call["type"] = piece["type"]
+    function = piece.get("function")
+    if isinstance(function, Mapping):
+        if function.get("name") and not call["function"]["name"]:
+            call["function"]["name"] = function["name"]
+        if function.get("arguments"):
+            call["function"]["arguments"] += function["arguments"]

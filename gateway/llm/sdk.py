@@ -7,9 +7,11 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
 
+from gateway.llm.base import DeltaSink
 from gateway.llm.retry import describe_failure, with_retries
 
 ClientT = TypeVar("ClientT")
+T = TypeVar("T")
 
 
 class SdkProvider(Generic[ClientT]):
@@ -21,6 +23,9 @@ class SdkProvider(Generic[ClientT]):
 
     name = "sdk"
     sdk_errors: tuple[type[BaseException], ...] = ()
+    # What a failure while reading a stream may raise besides sdk_errors (an SDK that
+    # does not wrap its HTTP library's read errors); connection errors, so retryable.
+    stream_errors: tuple[type[BaseException], ...] = ()
 
     def __init__(
         self,
@@ -108,5 +113,39 @@ class SdkProvider(Generic[ClientT]):
             is_retryable=self._is_retryable,
             errors=self.sdk_errors,
             describe=describe_failure,
+            label=self._label,
+        )
+
+    async def _call_streaming(self, attempt: Callable[[DeltaSink], Awaitable[T]], on_delta: DeltaSink) -> T:
+        """Run one streaming ``attempt`` under the retry policy, retrying only before any text went out.
+
+        ``attempt`` opens the stream, reads it to the end and returns the whole
+        answer, passing each piece of text to the sink it is given. Once a piece
+        has reached ``on_delta`` a failure is not retried: the person has seen
+        that text, and a second attempt would send it again.
+        """
+        sent = False
+
+        async def forward(text: str) -> None:
+            nonlocal sent
+            sent = True
+            await on_delta(text)
+
+        def retryable(exc: BaseException) -> bool:
+            return not sent and (isinstance(exc, self.stream_errors) or self._is_retryable(exc))
+
+        def describe(exc: BaseException) -> str:
+            reason = describe_failure(exc)
+            return f"{reason} (the stream broke after part of the answer was sent)" if sent else reason
+
+        return await with_retries(
+            lambda: attempt(forward),
+            attempts=self.max_retries + 1,
+            base_delay=self._retry_base_delay,
+            max_delay=self._retry_max_delay,
+            sleep=self._sleep,
+            is_retryable=retryable,
+            errors=(*self.sdk_errors, *self.stream_errors),
+            describe=describe,
             label=self._label,
         )

@@ -257,9 +257,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
             await ws.send_json({"type": "error", "error": exc.message, "status": exc.status})
             continue
 
-        async def send_chunk(chunk: str) -> None:
-            await ws.send_json({"type": "chunk", "text": chunk})
-
+        relay = _ChunkRelay(ws)
         try:
             result = await ctx.turns.handle(
                 TurnRequest(
@@ -270,7 +268,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
                     said_at=datetime.now(UTC),
                     display_name=principal.display_name,
                 ),
-                on_chunk=send_chunk,
+                on_chunk=relay.send,
             )
         except Exception as exc:
             reason = storage_reason(exc)
@@ -290,11 +288,45 @@ async def websocket(request: web.Request) -> web.StreamResponse:
             "session": session,
             "reply": result.reply,
             "failed": result.failed,
+            "chunks_match": relay.spelled().strip() == (result.reply or ""),
         }
         if by_cookie and result.turn_record_id is not None:
             reply_frame["explain"] = f"/dashboard/turns/{result.turn_record_id}"
-        await ws.send_json(reply_frame)
+        try:
+            await ws.send_json(reply_frame)
+        except ConnectionError:
+            # The client left while its reply streamed (it is stored): not a storage failure.
+            break
     return ws
+
+
+class _ChunkRelay:
+    """One turn's chunks to a WebSocket as ``{"type": "chunk"}`` frames, as they come.
+
+    They are the model's text as it streams (every tool round's, see
+    gateway.llm.loop); the turn's ``reply`` frame follows with the stored reply,
+    and its ``chunks_match`` false tells the client that the chunks did not spell
+    what was stored (text of a round that then called tools, a fallback, a failure
+    notice after some text), so it should show ``reply`` instead.
+    """
+
+    def __init__(self, ws: web.WebSocketResponse) -> None:
+        self._ws = ws
+        self._sent: list[str] = []
+
+    async def send(self, chunk: str) -> None:
+        """One chunk frame; a client that left is not an error (the turn still stores its reply)."""
+        self._sent.append(chunk)
+        if self._ws.closed:
+            return
+        try:
+            await self._ws.send_json({"type": "chunk", "text": chunk})
+        except ConnectionError:
+            log.info("websocket closed while a reply streamed; the reply is still stored")
+
+    def spelled(self) -> str:
+        """What the chunks sent so far spell."""
+        return "".join(self._sent)
 
 
 def build_web_app(ctx: WebContext) -> web.Application:

@@ -15,6 +15,15 @@ per request.
 
 Errors come in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``,
 with 4xx statuses for bad requests, so OpenAI clients show them as they are.
+
+With ``"stream": true`` the model's text goes out as ``chat.completion.chunk``
+events as it arrives (the turn streams every tool round's text; see
+``gateway.llm.loop``), then a stop chunk and ``data: [DONE]``. The response
+starts with the first piece, so a request that fails before any (the model
+unavailable, a redelivery still being answered) still gets its ordinary error
+status; a model that fails after some text ends the stream with an error event,
+which OpenAI clients raise. When the stored reply is not what the deltas spelled
+(a fallback after tool rounds, say), it follows as one more delta.
 """
 
 from __future__ import annotations
@@ -31,15 +40,15 @@ from typing import Any
 from aiohttp import web
 
 from gateway.prompt import estimate_tokens
-from gateway.turn import TurnRequest, TurnResult
+from gateway.turn import GatewayNotice, TurnRequest, TurnResult
 from gateway.web.app import CTX, ApiError, WebContext, _bearer, _conversation, authenticate
 from gateway.web.validation import MESSAGE_ID_RULE, check_message_id, parse_json
+from gateway.write_health import STORAGE_MESSAGE, storage_reason
 
 log = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-Goclaw-Session"
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-_CHUNK = 48  # characters per streamed delta (the reply is complete before streaming; see module doc)
 
 
 class OpenAIError(Exception):
@@ -199,16 +208,37 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # Without a named session, a retry must still land in the session of its first try.
     keyed = "openai-key-" + hashlib.sha256(key.encode()).hexdigest()[:16] if key else ""
     session = header_session or user_session or keyed or "openai-" + secrets.token_hex(8)
-    result: TurnResult = await ctx.turns.handle(
-        TurnRequest(
-            key=_conversation(principal, "api", session),
-            principal=principal,
-            text=text,
-            message_id=f"openai-{key}" if key else "openai-" + secrets.token_hex(8),
-            said_at=datetime.now(UTC),
-            display_name=principal.display_name,
+    completion_id = "chatcmpl-" + secrets.token_hex(12)
+    created = int(time.time())
+    headers = {SESSION_HEADER: session}
+    sse = _SseReply(request, completion_id, created, model_id(ctx), headers) if stream else None
+    try:
+        result: TurnResult = await ctx.turns.handle(
+            TurnRequest(
+                key=_conversation(principal, "api", session),
+                principal=principal,
+                text=text,
+                message_id=f"openai-{key}" if key else "openai-" + secrets.token_hex(8),
+                said_at=datetime.now(UTC),
+                display_name=principal.display_name,
+            ),
+            on_chunk=sse.delta if sse is not None else None,
         )
-    )
+    except Exception as exc:
+        if sse is None or not sse.started:
+            raise  # the status is still ours to choose (errors_middleware: 503 for storage, else 500)
+        # Tokens are out, so no status can be sent: end the stream with an error event.
+        reason = storage_reason(exc)
+        if reason is not None:
+            assert ctx.write_health is not None
+            ctx.write_health.failed(reason)
+            message = STORAGE_MESSAGE.format(reason=reason)
+        else:
+            log.exception("streamed completion failed")
+            message = "internal error; it has been logged"
+        return await sse.fail(OpenAIError(503, message, type_="server_error", code="unavailable"))
+    if sse is not None and sse.started:
+        return await sse.finish(result)
     if result.duplicate and result.reply is None:
         raise OpenAIError(
             409,
@@ -218,64 +248,113 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         )
     # A retry of an answered request gets the same answer again (the stored reply), not a new turn.
     if result.failed:
-        raise OpenAIError(503, "the model is unavailable; try again later", type_="server_error", code="unavailable")
+        raise _unavailable()
     reply = result.reply or ""
-    completion_id = "chatcmpl-" + secrets.token_hex(12)
-    created = int(time.time())
-    headers = {SESSION_HEADER: session}
-    if not stream:
-        prompt_tokens, completion_tokens = estimate_tokens(text), estimate_tokens(reply)
-        return web.json_response(
-            {
-                "id": completion_id,
-                "object": "chat.completion",
-                "created": created,
-                "model": model_id(ctx),
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": reply},
-                        "finish_reason": "stop",
-                        "logprobs": None,
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
-            },
-            headers=headers,
-        )
-    return await _stream(request, reply, completion_id, created, model_id(ctx), headers)
-
-
-async def _stream(
-    request: web.Request, reply: str, completion_id: str, created: int, model: str, headers: dict[str, str]
-) -> web.StreamResponse:
-    """Server-sent events: a role delta, the content in pieces, a stop, then ``data: [DONE]``."""
-    response = web.StreamResponse(
-        status=200, headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
-
-    async def event(delta: dict[str, str], finish: str | None = None) -> None:
-        chunk = {
+    if sse is not None:
+        return await sse.finish(result)
+    prompt_tokens, completion_tokens = estimate_tokens(text), estimate_tokens(reply)
+    return web.json_response(
+        {
             "id": completion_id,
-            "object": "chat.completion.chunk",
+            "object": "chat.completion",
             "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
-        }
-        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            "model": model_id(ctx),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": reply},
+                    "finish_reason": "stop",
+                    "logprobs": None,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        },
+        headers=headers,
+    )
 
-    await event({"role": "assistant", "content": ""})
-    for start in range(0, len(reply), _CHUNK):
-        await event({"content": reply[start : start + _CHUNK]})
-    await event({}, finish="stop")
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
+
+def _unavailable() -> OpenAIError:
+    return OpenAIError(503, "the model is unavailable; try again later", type_="server_error", code="unavailable")
+
+
+class _SseReply:
+    """Server-sent events of one completion, opened by its first piece of text.
+
+    A role delta, the content as the turn streams it, a stop, then ``data: [DONE]``.
+    """
+
+    def __init__(
+        self, request: web.Request, completion_id: str, created: int, model: str, headers: dict[str, str]
+    ) -> None:
+        self._request = request
+        self._base = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        self._headers = headers
+        self._response: web.StreamResponse | None = None
+        self._sent: list[str] = []
+        self._gone = False  # the client went away: the turn goes on, nothing more is written
+
+    @property
+    def started(self) -> bool:
+        """Whether the SSE response has begun (a status can no longer be chosen)."""
+        return self._response is not None
+
+    async def delta(self, text: str) -> None:
+        """The turn's chunk sink: one content delta (the gateway's own failure notice is not content)."""
+        if isinstance(text, GatewayNotice) or not text:
+            return
+        if self._response is None:
+            self._response = web.StreamResponse(
+                status=200,
+                headers={**self._headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+            )
+            await self._response.prepare(self._request)
+            await self._event({"role": "assistant", "content": ""})
+        self._sent.append(text)
+        await self._event({"content": text})
+
+    async def finish(self, result: TurnResult) -> web.StreamResponse:
+        """End the stream: what the stored reply adds, a stop (or an error event), ``[DONE]``."""
+        reply = result.reply or ""
+        if self._response is None:
+            # Nothing streamed (a redelivery answered before, a directive's reply came whole).
+            await self.delta(reply)
+        elif not result.failed and not "".join(self._sent).rstrip().endswith(reply):
+            await self.delta("\n\n" + reply)
+        if result.failed:
+            return await self.fail(_unavailable())
+        await self._event({}, finish="stop")
+        await self._write(b"data: [DONE]\n\n")
+        return await self._end()
+
+    async def fail(self, error: OpenAIError) -> web.StreamResponse:
+        """End a started stream with the error event an OpenAI client raises (its status is long sent)."""
+        body = {"error": {"message": error.message, "type": error.type, "param": None, "code": error.code}}
+        await self._write(f"data: {json.dumps(body)}\n\n".encode())
+        return await self._end()
+
+    async def _end(self) -> web.StreamResponse:
+        assert self._response is not None
+        if not self._gone:
+            await self._response.write_eof()
+        return self._response
+
+    async def _event(self, delta: dict[str, str], finish: str | None = None) -> None:
+        chunk = {**self._base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+        await self._write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+    async def _write(self, data: bytes) -> None:
+        assert self._response is not None
+        if self._gone:
+            return
+        try:
+            await self._response.write(data)
+        except ConnectionError:
+            self._gone = True
+            log.info("client left while a completion streamed; the turn still stores its reply")
 
 
 def add_routes(app: web.Application) -> None:

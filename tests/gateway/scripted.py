@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import re
+from collections.abc import Awaitable, Callable, Sequence
 
-from gateway.llm.base import ChatMessage, Completion, JsonSchema, LLMUnavailable, Tool
+from gateway.llm.base import ChatMessage, Completion, DeltaSink, JsonSchema, LLMUnavailable, Tool
 
 
 class ScriptedProvider:
-    """Answers with ``answer(messages)``; records every call."""
+    """Answers with ``answer(messages)``; records every call; streams word by word to a sink."""
 
     name = "scripted"
     model = "scripted-1"
@@ -31,18 +32,25 @@ class ScriptedProvider:
         return None
 
     async def complete(
-        self, messages: Sequence[ChatMessage], *, tools: Sequence[Tool] = (), json_schema: JsonSchema | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[Tool] = (),
+        json_schema: JsonSchema | None = None,
+        on_delta: DeltaSink | None = None,
     ) -> Completion:
         self.calls.append(list(messages))
         if self.fail:
             raise LLMUnavailable("model unavailable after 4 attempts: 503 Service Unavailable")
         if self._answer is None:
             last = next(m.content for m in reversed(messages) if m.role == "user")
-            return Completion(f"echo: {last}", model=self.model)
-        out = self._answer(messages)
-        if asyncio.iscoroutine(out):
-            out = await out
-        return Completion(str(out), model=self.model)
-
-    async def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]:
-        yield (await self.complete(messages)).text
+            text = f"echo: {last}"
+        else:
+            out = self._answer(messages)
+            if asyncio.iscoroutine(out):
+                out = await out
+            text = str(out)
+        if on_delta is not None:
+            for word in re.findall(r"\S+\s*|\s+", text):
+                await on_delta(word)
+        return Completion(text, model=self.model)

@@ -42,3 +42,21 @@ async def test_nothing_is_called_when_the_tool_is_not_offered() -> None:
     result = await run_tool_loop(BuiltinProvider(), messages, tools, Principal.unpaired(), max_steps=4)
     assert result.tool_calls_made == [] and seen == []
     assert result.text.startswith(LABEL) and result.steps == 1
+
+
+async def test_the_offline_model_streams_its_reply_word_by_word_through_the_tool_loop() -> None:
+    seen: list[Mapping[str, Any]] = []
+    pieces: list[str] = []
+
+    async def sink(text: str) -> None:
+        pieces.append(text)
+
+    messages = [ChatMessage("system", "sys"), ChatMessage("user", f"[sop-system · unpaired] Go.\n{FINDING}")]
+    result = await run_tool_loop(
+        BuiltinProvider(), messages, [_tool("report_intelligence", seen)], Principal.system("sop-system"),
+        max_steps=4, on_delta=sink,
+    )  # fmt: skip
+    # The tool round says nothing, so no round break comes first; the answer streams in words.
+    assert len(pieces) > 3
+    assert "".join(pieces) == result.text
+    assert result.text.startswith(LABEL) and seen

@@ -37,9 +37,6 @@ class GarbledExtractor:
             return Completion(self.answer, model=self.model)
         return Completion("ok", model=self.model)
 
-    async def stream(self, messages: Sequence[ChatMessage]):  # type: ignore[no-untyped-def]
-        yield "ok"
-
 
 async def _run(sqlite_url: str, clock: Clock, provider: object) -> tuple[Gateway, Principal]:
     cfg = Config.model_validate({"database": {"url": sqlite_url}, "session": {"max_messages": 4, "keep_messages": 1}})

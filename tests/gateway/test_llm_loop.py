@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -41,9 +41,6 @@ class ScriptedModel:
         if isinstance(answer, Exception):
             raise answer
         return answer
-
-    async def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]:
-        yield "unused"
 
 
 def calls(*specs: tuple[str, Mapping[str, Any]]) -> Completion:

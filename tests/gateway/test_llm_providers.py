@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator, Mapping
@@ -12,7 +13,8 @@ import pytest
 
 from gateway.llm.anthropic_provider import AnthropicProvider
 from gateway.llm.base import ChatMessage, JsonSchema, LLMUnavailable, Tool
-from gateway.llm.loop import run_tool_loop
+from gateway.llm.limit import ModelCallLimit
+from gateway.llm.loop import ROUND_BREAK, run_tool_loop
 from gateway.llm.openai_provider import OpenAIProvider
 from pairing.principal import Principal, Role
 from tests.peers.fake_anthropic import FakeAnthropic
@@ -414,33 +416,153 @@ async def test_anthropic_json_schema_goes_in_the_system_prompt_and_fences_are_st
 # ---- streaming ------------------------------------------------------------------------------
 
 
-async def test_stream_yields_chunks_in_order(harness: Harness) -> None:
-    harness.peer.reply_text("", chunks=["The report ", "comes from ", "the warehouse."])
+class Sink:
+    """Collects streamed pieces; ``first`` is set by the first one."""
 
-    chunks = [chunk async for chunk in harness.provider.stream(CONVERSATION)]
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.first = asyncio.Event()
 
-    assert chunks == ["The report ", "comes from ", "the warehouse."]
-    assert harness.peer.requests[0]["stream"] is True
+    async def __call__(self, text: str) -> None:
+        self.pieces.append(text)
+        self.first.set()
 
 
-async def test_stream_retries_opening_after_429(harness: Harness) -> None:
+async def test_streaming_sends_each_piece_and_returns_the_whole_answer_with_usage(harness: Harness) -> None:
+    harness.peer.reply_text("", chunks=["The report ", "comes from ", "the warehouse."], usage=(40, 9))
+    sink = Sink()
+
+    completion = await harness.provider.complete(CONVERSATION, on_delta=sink)
+
+    assert sink.pieces == ["The report ", "comes from ", "the warehouse."]
+    assert completion.text == "The report comes from the warehouse."
+    assert completion.tool_calls == ()
+    assert (completion.input_tokens, completion.output_tokens) == (40, 9)
+    (body,) = harness.peer.requests
+    assert body["stream"] is True
+    if harness.kind == "openai":
+        assert body["stream_options"] == {"include_usage": True}
+    assert harness.peer.rejections == []
+
+
+async def test_without_a_sink_the_call_does_not_stream(harness: Harness) -> None:
+    harness.peer.reply_text("plain")
+
+    assert (await harness.provider.complete(CONVERSATION)).text == "plain"
+    assert "stream" not in harness.peer.requests[0]
+
+
+async def test_streamed_tool_calls_are_assembled_from_their_pieces(harness: Harness) -> None:
+    args = {"q": "daily report", "limit": 3, "tags": ["a", "b"]}
+    first_id, second_id = harness.peer.reply_tool_calls(("lookup", args), ("lookup", {"q": "x"}), text="Checking.")
+    sink = Sink()
+
+    completion = await harness.provider.complete(CONVERSATION, tools=[_lookup_tool([])], on_delta=sink)
+
+    assert sink.pieces == ["Checking."]
+    assert completion.text == "Checking."
+    assert [(c.id, c.name, dict(c.arguments)) for c in completion.tool_calls] == [
+        (first_id, "lookup", args),
+        (second_id, "lookup", {"q": "x"}),
+    ]
+
+
+async def test_tool_loop_streams_every_round_and_keeps_the_last_rounds_text(harness: Harness) -> None:
+    seen: list[Mapping[str, Any]] = []
+    harness.peer.reply_tool_calls(("lookup", {"q": "daily report"}), text="Let me check.")
+    harness.peer.reply_text("It comes from the warehouse.")
+    sink = Sink()
+
+    result = await run_tool_loop(
+        harness.provider, CONVERSATION, [_lookup_tool(seen)], ALICE, max_steps=4, on_delta=sink
+    )
+
+    assert "".join(sink.pieces) == "Let me check." + ROUND_BREAK + "It comes from the warehouse."
+    assert result.text == "It comes from the warehouse."
+    assert seen == [{"q": "daily report"}]
+    assert result.steps == 2
+    assert harness.tool_result(harness.peer.requests[1])[1] == "the warehouse database"
+    assert harness.peer.rejections == []
+
+
+async def test_pieces_reach_the_sink_before_the_model_has_finished(harness: Harness) -> None:
+    hold = asyncio.Event()
+    harness.peer.reply_text("one two three", hold=hold)
+    sink = Sink()
+
+    call = asyncio.create_task(harness.provider.complete(CONVERSATION, on_delta=sink))
+    await asyncio.wait_for(sink.first.wait(), timeout=30)
+    # The peer is still holding its last piece: nothing has finished.
+    assert harness.peer.streams_finished == 0
+    assert not call.done()
+    assert sink.pieces == ["one ", "two "]
+    hold.set()
+
+    assert (await asyncio.wait_for(call, timeout=30)).text == "one two three"
+    assert sink.pieces == ["one ", "two ", "three"]
+
+
+async def test_stream_retries_a_429_before_any_text(harness: Harness) -> None:
     harness.peer.reply_error(429, retry_after=1)
     harness.peer.reply_text("Hello there, Alice")
+    sink = Sink()
 
-    text = "".join([chunk async for chunk in harness.provider.stream(CONVERSATION)])
+    completion = await harness.provider.complete(CONVERSATION, on_delta=sink)
 
-    assert text == "Hello there, Alice"
+    assert "".join(sink.pieces) == completion.text == "Hello there, Alice"
     assert harness.sleeps == [1.0]
 
 
-async def test_stream_stopped_early_closes_cleanly(harness: Harness) -> None:
-    harness.peer.reply_text("one two three four")
-    harness.peer.reply_text("next")
+async def test_stream_dropped_before_any_text_is_retried(harness: Harness) -> None:
+    harness.peer.reply_text("never seen", fail_after=0)
+    harness.peer.reply_text("second try")
+    sink = Sink()
 
-    stream = harness.provider.stream(CONVERSATION)
-    first = await anext(stream)
-    await stream.aclose()
+    completion = await harness.provider.complete(CONVERSATION, on_delta=sink)
 
-    assert first == "one "
-    # The client is still usable after abandoning a stream.
-    assert (await harness.provider.complete(CONVERSATION)).text == "next"
+    assert "".join(sink.pieces) == completion.text == "second try"
+    assert len(harness.peer.requests) == 2
+    assert len(harness.sleeps) == 1
+
+
+async def test_stream_dropped_after_text_went_out_is_not_retried_so_nothing_is_sent_twice(harness: Harness) -> None:
+    harness.peer.reply_text("one two three four", fail_after=2)
+    harness.peer.reply_text("one two three four")  # what a retry would send again
+    sink = Sink()
+
+    with pytest.raises(LLMUnavailable, match="after part of the answer was sent"):
+        await harness.provider.complete(CONVERSATION, on_delta=sink)
+
+    assert sink.pieces == ["one ", "two "]
+    assert len(harness.peer.requests) == 1
+    assert harness.peer.pending == 1
+    assert harness.sleeps == []
+    # The client is still usable after a broken stream.
+    assert (await harness.provider.complete(CONVERSATION)).text == "one two three four"
+
+
+async def test_the_model_call_limit_holds_a_slot_for_the_whole_stream(harness: Harness) -> None:
+    hold = asyncio.Event()
+    harness.peer.reply_text("slow answer", hold=hold)
+    limit = ModelCallLimit(1)
+    sink = Sink()
+
+    call = asyncio.create_task(limit.bound(harness.provider).complete(CONVERSATION, on_delta=sink))
+    await asyncio.wait_for(sink.first.wait(), timeout=30)
+    assert limit.in_flight == 1
+    hold.set()
+    await asyncio.wait_for(call, timeout=30)
+
+    assert limit.in_flight == 0
+    assert limit.peak == 1
+
+
+async def test_a_silent_tool_round_adds_no_round_break(harness: Harness) -> None:
+    harness.peer.reply_tool_calls(("lookup", {"q": "x"}))
+    harness.peer.reply_text("done")
+    sink = Sink()
+
+    result = await run_tool_loop(harness.provider, CONVERSATION, [_lookup_tool([])], ALICE, max_steps=2, on_delta=sink)
+
+    assert sink.pieces == ["done"]
+    assert result.text == "done"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -51,9 +51,6 @@ class WritingModel:
             return Completion("noted", model=self.model)
         args = {"scope": "agent_notes", "subject": "daily report data source", "content": NEW, "review_by": "30d"}
         return Completion("", tool_calls=(ToolCall("c1", "memory_write", args),), model=self.model)
-
-    async def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]:
-        yield "noted"
 
 
 async def _gateway(db_url: str, clock: Clock) -> tuple[Gateway, Principal, WritingModel]:

@@ -12,8 +12,12 @@ Scripted like ``fake_openai``::
 
 Each request takes the next scripted reply: a ``message`` object with ``text`` and
 ``tool_use`` content blocks, or, when the body says ``"stream": true``, the SSE
-events message_start, content_block_start, content_block_delta (text_delta),
-content_block_stop, message_delta, message_stop. Errors use the API's body
+events message_start, content_block_start, content_block_delta (text_delta
+for text, input_json_delta for a ``tool_use`` block's input, cut into several
+pieces), content_block_stop, message_delta, message_stop. A streamed reply can
+wait ``token_delay`` seconds between pieces (``FakeAnthropic(token_delay=...)``
+for every reply), hold its last text piece until an ``asyncio.Event`` is set
+(``hold=``), or drop the connection after ``fail_after`` text pieces. Errors use the API's body
 ``{"type": "error", "error": {"type": ..., "message": ...}}``. It fails loudly: what
 the real API refuses (a ``system`` role in messages, an unanswered ``tool_use``,
 tool blocks without ``tools``, empty text blocks, no ``max_tokens``), or a request
@@ -64,13 +68,22 @@ class ScriptedReply:
     delay: float = 0.0
     usage: tuple[int, int] = (12, 7)
     model: str | None = None
+    token_delay: float | None = None  # None: the peer's own token_delay
+    hold: asyncio.Event | None = None  # the last text piece waits for it
+    fail_after: int | None = None  # drop the connection after this many text pieces
 
 
 class FakeAnthropic:
     """An aiohttp server on 127.0.0.1 (a free port) implementing POST /v1/messages."""
 
-    def __init__(self) -> None:
-        """Prepare an empty script; ``start()`` binds the port."""
+    def __init__(self, *, token_delay: float = 0.0) -> None:
+        """Prepare an empty script; ``start()`` binds the port.
+
+        Args:
+            token_delay: Seconds between the pieces of every streamed reply.
+        """
+        self.token_delay = token_delay
+        self.streams_finished = 0  # streamed replies sent to their end
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []  # lower-cased names
         self.rejections: list[str] = []
@@ -120,9 +133,27 @@ class FakeAnthropic:
         delay: float = 0.0,
         usage: tuple[int, int] = (12, 7),
         model: str | None = None,
+        token_delay: float | None = None,
+        hold: asyncio.Event | None = None,
+        fail_after: int | None = None,
     ) -> None:
-        """Answer the next request with text (streamed as ``chunks``, default word by word)."""
-        self._script.append(ScriptedReply(text=text, chunks=chunks, delay=delay, usage=usage, model=model))
+        """Answer the next request with text (streamed as ``chunks``, default word by word).
+
+        ``delay`` is before the answer starts; the others shape a streamed answer
+        (see the module doc).
+        """
+        self._script.append(
+            ScriptedReply(
+                text=text,
+                chunks=chunks,
+                delay=delay,
+                usage=usage,
+                model=model,
+                token_delay=token_delay,
+                hold=hold,
+                fail_after=fail_after,
+            )
+        )
 
     def reply_tool_calls(self, *calls: tuple[str, Any], text: str = "") -> list[str]:
         """Answer the next request with ``tool_use`` blocks, each ``(name, input)``.
@@ -166,14 +197,62 @@ class FakeAnthropic:
             return _error(reply.status, reply.error_message, reply.headers)
         model = reply.model or body["model"]
         if body.get("stream"):
-            if reply.tool_calls:
-                return self._reject("fake_anthropic: streaming tool_use is not scripted")
-            return await _stream(request, reply, model)
+            return await self._stream(request, reply, model)
         return web.json_response(_message(reply, model))
 
     def _reject(self, problem: str) -> web.Response:
         self.rejections.append(problem)
         return _error(400, problem, {})
+
+    async def _stream(self, request: web.Request, reply: ScriptedReply, model: str) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        pause = self.token_delay if reply.token_delay is None else reply.token_delay
+
+        async def send(event: str, data: dict[str, Any]) -> None:
+            await response.write(f"event: {event}\ndata: {json.dumps({'type': event, **data})}\n\n".encode())
+
+        prompt, completion = reply.usage
+        started = {**_message(ScriptedReply(usage=(prompt, 1)), model), "stop_reason": None}
+        await send("message_start", {"message": started})
+        index = 0
+        pieces = reply.chunks if reply.chunks is not None else (split_for_stream(reply.text) if reply.text else [])
+        if pieces:
+            await send("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+            await send("ping", {})
+            for i, piece in enumerate(pieces):
+                if reply.fail_after is not None and i == reply.fail_after:
+                    # Mid-body: the client sees its chunked response cut short.
+                    assert request.transport is not None
+                    request.transport.close()
+                    return response
+                if i and pause:
+                    await asyncio.sleep(pause)
+                if reply.hold is not None and i == len(pieces) - 1:
+                    await reply.hold.wait()
+                await send("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": piece}})
+            await send("content_block_stop", {"index": 0})
+            index = 1
+        for call_id, name, arguments in reply.tool_calls:
+            block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+            await send("content_block_start", {"index": index, "content_block": block})
+            raw = json.dumps(arguments)
+            for start in range(0, len(raw), 7):  # the input's JSON cut anywhere, as the API does
+                if pause:
+                    await asyncio.sleep(pause)
+                delta = {"type": "input_json_delta", "partial_json": raw[start : start + 7]}
+                await send("content_block_delta", {"index": index, "delta": delta})
+            await send("content_block_stop", {"index": index})
+            index += 1
+        stop = "tool_use" if reply.tool_calls else "end_turn"
+        await send(
+            "message_delta",
+            {"delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": completion}},
+        )
+        await send("message_stop", {})
+        await response.write_eof()
+        self.streams_finished += 1
+        return response
 
 
 def _error(status: int, message: str, headers: dict[str, str]) -> web.Response:
@@ -199,30 +278,6 @@ def _message(reply: ScriptedReply, model: str) -> dict[str, Any]:
         "stop_sequence": None,
         "usage": {"input_tokens": prompt, "output_tokens": completion},
     }
-
-
-async def _stream(request: web.Request, reply: ScriptedReply, model: str) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-
-    async def send(event: str, data: dict[str, Any]) -> None:
-        await response.write(f"event: {event}\ndata: {json.dumps({'type': event, **data})}\n\n".encode())
-
-    prompt, completion = reply.usage
-    started = {**_message(ScriptedReply(usage=(prompt, 1)), model), "stop_reason": None}
-    await send("message_start", {"message": started})
-    await send("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
-    await send("ping", {})
-    for piece in reply.chunks if reply.chunks is not None else split_for_stream(reply.text):
-        await send("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": piece}})
-    await send("content_block_stop", {"index": 0})
-    await send(
-        "message_delta",
-        {"delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": completion}},
-    )
-    await send("message_stop", {})
-    await response.write_eof()
-    return response
 
 
 def _blocks(content: Any) -> list[dict[str, Any]]:

@@ -12,7 +12,14 @@ Tests script its answers in order and read back every request it received::
 
 Each POST /v1/chat/completions takes the next scripted reply: JSON for a normal
 request, SSE ``data: {...}`` chunks ending ``data: [DONE]`` when the body says
-``"stream": true``. It fails loudly: a request the real API would refuse (a tool
+``"stream": true`` -- text as ``delta.content`` pieces, tool calls as
+``delta.tool_calls`` pieces (the first of each with its index, id and name, then
+its arguments cut into several pieces), and a last chunk with ``usage`` and no
+choices when ``stream_options.include_usage`` asks for it. A streamed reply can
+wait ``token_delay`` seconds between pieces (``FakeOpenAI(token_delay=...)`` for
+every reply), hold its last text piece until an ``asyncio.Event`` is set
+(``hold=``: a test proves the pieces reached it before the model finished), or
+drop the connection after ``fail_after`` text pieces. It fails loudly: a request the real API would refuse (a tool
 call left unanswered, an unknown role) or one with no reply left scripted gets a
 400 whose message says why, and the reason is kept in ``rejections``.
 """
@@ -60,13 +67,22 @@ class ScriptedReply:
     delay: float = 0.0
     usage: tuple[int, int] = (12, 7)
     model: str | None = None
+    token_delay: float | None = None  # None: the peer's own token_delay
+    hold: asyncio.Event | None = None  # the last text piece waits for it
+    fail_after: int | None = None  # drop the connection after this many text pieces
 
 
 class FakeOpenAI:
     """An aiohttp server on 127.0.0.1 (a free port) implementing POST /v1/chat/completions."""
 
-    def __init__(self) -> None:
-        """Prepare an empty script; ``start()`` binds the port."""
+    def __init__(self, *, token_delay: float = 0.0) -> None:
+        """Prepare an empty script; ``start()`` binds the port.
+
+        Args:
+            token_delay: Seconds between the pieces of every streamed reply.
+        """
+        self.token_delay = token_delay
+        self.streams_finished = 0  # streamed replies sent to their end
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []  # lower-cased names
         self.rejections: list[str] = []
@@ -117,9 +133,27 @@ class FakeOpenAI:
         delay: float = 0.0,
         usage: tuple[int, int] = (12, 7),
         model: str | None = None,
+        token_delay: float | None = None,
+        hold: asyncio.Event | None = None,
+        fail_after: int | None = None,
     ) -> None:
-        """Answer the next request with text (streamed as ``chunks``, default word by word)."""
-        self._script.append(ScriptedReply(text=text, chunks=chunks, delay=delay, usage=usage, model=model))
+        """Answer the next request with text (streamed as ``chunks``, default word by word).
+
+        ``delay`` is before the answer starts; the others shape a streamed answer
+        (see the module doc).
+        """
+        self._script.append(
+            ScriptedReply(
+                text=text,
+                chunks=chunks,
+                delay=delay,
+                usage=usage,
+                model=model,
+                token_delay=token_delay,
+                hold=hold,
+                fail_after=fail_after,
+            )
+        )
 
     def reply_tool_calls(self, *calls: tuple[str, Any], text: str = "") -> list[str]:
         """Answer the next request with tool calls, each ``(name, arguments)``.
@@ -164,14 +198,58 @@ class FakeOpenAI:
             return _error(reply.status, reply.error_message, reply.headers)
         model = reply.model or body["model"]
         if body.get("stream"):
-            if reply.tool_calls:
-                return self._reject("fake_openai: streaming tool calls is not scripted")
-            return await _stream(request, reply, model)
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            response = await self._stream(request, reply, model, include_usage)
+            return response
         return web.json_response(_completion(reply, model))
 
     def _reject(self, problem: str) -> web.Response:
         self.rejections.append(problem)
         return _error(400, problem, {})
+
+    async def _stream(
+        self, request: web.Request, reply: ScriptedReply, model: str, include_usage: bool
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        base = {"id": f"chatcmpl-fake{time.monotonic_ns()}", "object": "chat.completion.chunk", "created": 0}
+        base["model"] = model
+        pause = self.token_delay if reply.token_delay is None else reply.token_delay
+
+        async def send(delta: dict[str, Any], finish: str | None = None) -> None:
+            chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+        await send({"role": "assistant", "content": ""})
+        pieces = reply.chunks if reply.chunks is not None else (split_for_stream(reply.text) if reply.text else [])
+        for i, piece in enumerate(pieces):
+            if reply.fail_after is not None and i == reply.fail_after:
+                # Mid-body: the client sees its chunked response cut short.
+                assert request.transport is not None
+                request.transport.close()
+                return response
+            if i and pause:
+                await asyncio.sleep(pause)
+            if reply.hold is not None and i == len(pieces) - 1:
+                await reply.hold.wait()
+            await send({"content": piece})
+        for index, (call_id, name, arguments) in enumerate(reply.tool_calls):
+            raw = arguments if isinstance(arguments, str) else json.dumps(arguments)
+            head = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+            await send({"tool_calls": [head]})
+            for start in range(0, len(raw), 7):  # arguments cut anywhere, as servers do
+                if pause:
+                    await asyncio.sleep(pause)
+                await send({"tool_calls": [{"index": index, "function": {"arguments": raw[start : start + 7]}}]})
+        await send({}, "tool_calls" if reply.tool_calls else "stop")
+        if include_usage:
+            prompt, completion = reply.usage
+            usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+            await response.write(f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        self.streams_finished += 1
+        return response
 
 
 def _error(status: int, message: str, headers: dict[str, str]) -> web.Response:
@@ -210,25 +288,6 @@ def _completion(reply: ScriptedReply, model: str) -> dict[str, Any]:
         ],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
     }
-
-
-async def _stream(request: web.Request, reply: ScriptedReply, model: str) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    base = {"id": f"chatcmpl-fake{time.monotonic_ns()}", "object": "chat.completion.chunk", "created": 0}
-    base["model"] = model
-
-    async def send(delta: dict[str, Any], finish: str | None = None) -> None:
-        chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
-        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-
-    await send({"role": "assistant", "content": ""})
-    for piece in reply.chunks if reply.chunks is not None else split_for_stream(reply.text):
-        await send({"content": piece})
-    await send({}, "stop")
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
 
 
 def _validate(body: Any) -> str | None:

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from gateway.llm.base import ChatMessage, Completion, JsonSchema, Tool, ToolCall
+from gateway.llm.base import ChatMessage, Completion, DeltaSink, JsonSchema, Tool, ToolCall
 from gateway.llm.builtin import BuiltinProvider
 from gateway.llm.scripted import scripted_findings
 from memory.transcript import AGENT_TAG, SPEAKER_TAG
@@ -123,8 +123,9 @@ class HostileProvider:
         *,
         tools: Sequence[Tool] = (),
         json_schema: JsonSchema | None = None,
+        on_delta: DeltaSink | None = None,
     ) -> Completion:
-        """Misclassify everything; in chat, write memory with every tool offered."""
+        """Misclassify everything; in chat, write memory with every tool offered (streamed in one piece)."""
         if json_schema is not None:
             if json_schema.name == EXTRACTION:
                 user = next((m.content for m in reversed(messages) if m.role == "user"), "")
@@ -146,6 +147,8 @@ class HostileProvider:
         reply = "\n".join(
             [f"@notes: {OVERRIDE}: {said}", forged, f"{OVERRIDE} accepted.", *(r.content for r in results)]
         )
+        if on_delta is not None:
+            await on_delta(reply)
         return Completion(reply, model=self.model)
 
     def _tool_calls(self, said: str, offered: set[str]) -> list[ToolCall]:
@@ -213,10 +216,6 @@ class HostileProvider:
             )
         return json.dumps({"items": items})
 
-    async def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]:
-        """The reply in one chunk."""
-        yield (await self.complete(messages)).text
-
 
 class RecordingBuiltin(BuiltinProvider):
     """The builtin offline model, unchanged, recording what it was shown."""
@@ -240,13 +239,14 @@ class RecordingBuiltin(BuiltinProvider):
         *,
         tools: Sequence[Tool] = (),
         json_schema: JsonSchema | None = None,
+        on_delta: DeltaSink | None = None,
     ) -> Completion:
         """Record, then answer as the builtin model does."""
         if json_schema is None:
             self.chat_calls.append(list(messages))
         elif json_schema.name == EXTRACTION:
             self.extraction_inputs.append(next((m.content for m in reversed(messages) if m.role == "user"), ""))
-        return await super().complete(messages, tools=tools, json_schema=json_schema)
+        return await super().complete(messages, tools=tools, json_schema=json_schema, on_delta=on_delta)
 
 
 def make_model(kind: str, **hostile: Any) -> HostileProvider | RecordingBuiltin:

@@ -25,7 +25,9 @@
       if (f.type === "ready") { $("status").textContent = "connected as " + f.user; $("composer").hidden = false; $("text").focus(); }
       else if (f.type === "chunk") { if (!pending) pending = add("agent", ""); pending.textContent += f.text; }
       else if (f.type === "reply") {
-        if (!pending) pending = add("agent", f.reply || ""); else pending.textContent = f.reply || pending.textContent;
+        // The chunks were the model's text as it streamed; "reply" is what was stored. They differ
+        // (chunks_match false) when a tool round wrote text first, or on a fallback or failure: show what was stored.
+        if (!pending) pending = add("agent", f.reply || ""); else if (!f.chunks_match) pending.textContent = f.reply || pending.textContent;
         if (f.explain) { const a = document.createElement("a"); a.className = "explain"; a.href = f.explain; a.textContent = "Explain"; pending.parentNode.appendChild(a); }
         done();
       } else if (f.type === "error") {
