@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from gateway.models import Archive, Job, Message, Session, TurnRecord
-from gateway.replies import unanswered_or_reply
+from gateway.hotstore import hot_store
+from gateway.hotstore.base import NewMessage, TurnMessage, TurnRecordRow
+from gateway.models import Archive, Job, Message, Session
 from memory.archive_format import render_archive_markdown
 from memory.types import SliceMessage
 from pairing.principal import Principal, PrincipalKind, Role
@@ -180,6 +181,7 @@ class SessionStore:
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
         self._clock = clock or (lambda: datetime.now(UTC))
         self._dialect = engine.dialect.name
+        self._hot = hot_store(engine)
 
     def now(self) -> datetime:
         """The store's clock."""
@@ -247,68 +249,29 @@ class SessionStore:
         it asked for an answer and never got one (the process died mid-turn, the
         model was down), as ``resumed`` so the caller answers it now.
         """
-        sess, msgs = Session.__table__, Message.__table__
-        thread = key.thread_id or ""
-        async with self.engine.begin() as conn:
-            where = (sess.c.channel == key.channel) & (sess.c.conversation_id == key.conversation_id)
-            where &= sess.c.thread_id == thread
-            row = (await conn.execute(select(sess.c.id, sess.c.previous_context).where(where))).first()
-            if row is None:
-                now = self.now()
-                await conn.execute(
-                    self._insert(sess)
-                    .values(
-                        id="s_" + secrets.token_hex(8),
-                        channel=key.channel,
-                        conversation_id=key.conversation_id,
-                        thread_id=thread,
-                        parent_conversation_id=key.parent_conversation_id,
-                        previous_context="",
-                        created_at=now,
-                        updated_at=now,
-                    )
-                    .on_conflict_do_nothing(index_elements=["channel", "conversation_id", "thread_id"])
-                )
-                row = (await conn.execute(select(sess.c.id, sess.c.previous_context).where(where))).one()
-            session_id, previous = row.id, row.previous_context
-            new_id = (
-                await conn.execute(
-                    self._insert(msgs)
-                    .values(
-                        session_id=session_id,
-                        platform_message_id=platform_message_id,
-                        speaker_user_id=speaker.user_id,
-                        stored_role=speaker.stored_role,
-                        display_name=display_name,
-                        text=text,
-                        said_at=said_at,
-                        is_agent=False,
-                        created_at=self.now(),
-                        reply_requested=reply_requested,
-                    )
-                    .on_conflict_do_nothing(index_elements=["session_id", "is_agent", "platform_message_id"])
-                    .returning(msgs.c.id)
-                )
-            ).scalar_one_or_none()
-            resumed = False
-            if new_id is None:
-                to_answer, reply = await unanswered_or_reply(conn, session_id, platform_message_id, reply_requested)
-                if to_answer is None:
-                    return TurnStart(session_id, None, [], previous, reply=reply)
-                new_id, resumed = to_answer, True
-            rows = (
-                await conn.execute(
-                    select(msgs)
-                    .where(msgs.c.session_id == session_id, msgs.c.archive_id.is_(None), msgs.c.id <= new_id)
-                    .order_by(msgs.c.id.desc())
-                    .limit(history_limit)
-                )
-            ).all()
-            if resumed and (not rows or rows[0].id != new_id):
-                # Already trimmed into an archive: answer it with what is still live.
-                rows = [(await conn.execute(select(msgs).where(msgs.c.id == new_id))).one(), *rows]
-        history = [stored_message(r) for r in reversed(rows)]
-        if resumed:
+        start = await self._hot.begin_turn(
+            TurnMessage(
+                channel=key.channel,
+                conversation_id=key.conversation_id,
+                thread_id=key.thread_id or "",
+                parent_conversation_id=key.parent_conversation_id,
+                new_session_id="s_" + secrets.token_hex(8),
+                platform_message_id=platform_message_id,
+                speaker_user_id=speaker.user_id,
+                stored_role=speaker.stored_role,
+                display_name=display_name,
+                text=text,
+                said_at=said_at,
+                now=self.now(),
+                history_limit=history_limit,
+                reply_requested=reply_requested,
+            )
+        )
+        session_id, previous, new_id = start.session_id, start.previous_context, start.message_id
+        if new_id is None:
+            return TurnStart(session_id, None, [], previous, reply=start.reply)
+        history = [StoredMessage(*r) for r in reversed(start.rows)]
+        if start.resumed:
             current = next(m for m in history if m.id == new_id)
             history = [m for m in history if m.id != new_id] + [current]
             return TurnStart(session_id, current, history, previous, resumed=True)
@@ -349,50 +312,41 @@ class SessionStore:
         """
         user_id = speaker.user_id if speaker is not None and not is_agent else None
         role = speaker.stored_role if speaker is not None and not is_agent else None
-        msgs = Message.__table__
-        async with self.engine.begin() as conn:
-            stmt = (
-                self._insert(msgs)
-                .values(
-                    session_id=session_id,
-                    platform_message_id=platform_message_id,
-                    speaker_user_id=user_id,
-                    stored_role=role,
-                    display_name=display_name,
-                    text=text,
-                    said_at=said_at,
-                    is_agent=is_agent,
-                    created_at=self.now(),
-                    reply_to_id=reply_to,
-                )
-                .on_conflict_do_nothing()
-                .returning(msgs.c.id)
+        record = None
+        if explanation is not None:
+            record = TurnRecordRow(
+                message_id=answers or "",
+                speaker_user_id=answered.user_id if answered else None,
+                stored_role=answered.stored_role if answered else None,
+                memory=explanation.memory,
+                sections=explanation.sections,
+                model_calls=explanation.model_calls,
             )
-            new_id = (await conn.execute(stmt)).scalar_one_or_none()
-            if new_id is None:
-                return None
-            record_id = None
-            if explanation is not None:
-                record_id = (
-                    await conn.execute(
-                        insert(TurnRecord)
-                        .values(
-                            session_id=session_id,
-                            message_id=answers or "",
-                            reply_message_id=platform_message_id,
-                            at=said_at,
-                            speaker_user_id=answered.user_id if answered else None,
-                            stored_role=answered.stored_role if answered else None,
-                            memory=explanation.memory,
-                            sections=explanation.sections,
-                            model_calls=explanation.model_calls,
-                        )
-                        .returning(TurnRecord.id)
-                    )
-                ).scalar_one()
+        stored = await self._hot.store_message(
+            NewMessage(
+                session_id=session_id,
+                platform_message_id=platform_message_id,
+                speaker_user_id=user_id,
+                stored_role=role,
+                display_name=display_name,
+                text=text,
+                said_at=said_at,
+                is_agent=is_agent,
+                created_at=self.now(),
+                reply_to=reply_to,
+                record=record,
+            )
+        )
+        if stored is None:
+            return None
+        new_id, record_id = stored
         return StoredMessage(
             new_id, session_id, platform_message_id, user_id, role, display_name, text, said_at, is_agent, record_id
         )
+
+    async def stored_reply(self, message_row_id: int) -> str | None:
+        """The reply stored for a message row, if any."""
+        return await self._hot.stored_reply(message_row_id)
 
     async def history(self, session_id: str, *, limit: int | None = None) -> list[StoredMessage]:
         """The session's untrimmed messages, oldest first (the newest ``limit`` if given)."""
