@@ -13,7 +13,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.hotstore import hot_store
-from gateway.hotstore.base import NewMessage, TurnMessage, TurnRecordRow
+from gateway.hotstore.base import NewMessage, TrimSession, TrimWrite, TurnMessage, TurnRecordRow
 from gateway.models import Archive, Job, Message, Session
 from memory.archive_format import render_archive_markdown
 from memory.types import SliceMessage
@@ -132,7 +132,7 @@ def principal_from_json(d: dict[str, Any]) -> Principal:
 
 
 def render_archive(
-    session: Session, archive_id: str, messages: Sequence[StoredMessage], trust: str, summary: str
+    session: Session | TrimSession, archive_id: str, messages: Sequence[StoredMessage], trust: str, summary: str
 ) -> str:
     """The markdown document of a trimmed slice: every field escaped, one line per message.
 
@@ -243,7 +243,7 @@ class SessionStore:
     ) -> TurnStart:
         """Find or create the session, store the message once, and read what the prompt needs.
 
-        One transaction on the hot path of every turn (Core statements, no ORM):
+        One transaction on the hot path of every turn (the hot store's driver SQL, no SQLAlchemy):
         fewer round trips is most of what a turn costs on SQLite. A message
         already stored comes back as a duplicate with its stored reply, or, when
         it asked for an answer and never got one (the process died mid-turn, the
@@ -412,67 +412,46 @@ class SessionStore:
         slice, so a crash in between leaves the history as it was and a rerun
         makes no duplicate. ``_crash_after`` exists for the crash tests only.
         """
-        async with self._sessions.begin() as s:
-            session = await s.get(Session, session_id, with_for_update=True)
-            if session is None:
+        planned: list[TrimWrite] = []
+
+        def plan(session: TrimSession, live_rows: list[tuple[Any, ...]]) -> TrimWrite | None:
+            if len(live_rows) <= max_messages:
                 return None
-            live = (
-                await s.scalars(
-                    select(Message)
-                    .where(Message.session_id == session_id, Message.archive_id.is_(None))
-                    .order_by(Message.id)
-                )
-            ).all()
-            if len(live) <= max_messages:
-                return None
-            cut = [stored_message(m) for m in live[: len(live) - keep_messages]]
+            cut = [StoredMessage(*r) for r in live_rows[: len(live_rows) - keep_messages]]
             archive_id = "a_" + secrets.token_hex(8)
-            now = self.now()
             summary = summarize(cut)
             trust = trust_of([m.as_slice() for m in cut])
-            await s.execute(update(Message).where(Message.id.in_([m.id for m in cut])).values(archive_id=archive_id))
-            if _crash_after == "mark":
-                raise RuntimeError("simulated crash after marking the slice")
-            s.add(
-                Archive(
-                    id=archive_id,
-                    session_id=session_id,
-                    created_at=now,
-                    start_at=cut[0].said_at,
-                    end_at=cut[-1].said_at,
-                    trust=trust,
-                    message_count=len(cut),
-                    summary=summary,
-                    markdown=render_archive(session, archive_id, cut, trust, summary),
-                )
-            )
-            if _crash_after == "archive":
-                raise RuntimeError("simulated crash after writing the archive")
-            context = (session.previous_context + "\n" + summary).strip()
-            session.previous_context = context[-context_chars:]
             # The idle sweep may have extracted the slice's older messages already: the job
             # extracts only what lies after the mark (the archive still holds the whole slice).
             extracted_through = session.extracted_through or 0
-            session.extracted_through = max(extracted_through, cut[-1].id)
-            job = Job(
-                kind="extract",
-                payload={
+            write = TrimWrite(
+                message_ids=[m.id for m in cut],
+                archive_id=archive_id,
+                created_at=self.now(),
+                start_at=cut[0].said_at,
+                end_at=cut[-1].said_at,
+                trust=trust,
+                summary=summary,
+                markdown=render_archive(session, archive_id, cut, trust, summary),
+                previous_context=(session.previous_context + "\n" + summary).strip()[-context_chars:],
+                extracted_through=max(extracted_through, cut[-1].id),
+                job_payload={
                     "session_id": session_id,
                     "archive_id": archive_id,
                     "turn_principal": principal_json(turn_principal),
                     "summary": summary,
                     "after_message_id": extracted_through,
                 },
-                status="pending",
-                attempts=0,
-                run_after=now,
-                created_at=now,
+                crash_after=_crash_after,
             )
-            s.add(job)
-            await s.flush()
-            if _crash_after == "job":
-                raise RuntimeError("simulated crash after writing the job")
-            return TrimResult(archive_id, job.id, len(cut), trust, summary)
+            planned.append(write)
+            return write
+
+        job_id = await self._hot.trim(session_id, plan)
+        if job_id is None:
+            return None
+        done = planned[-1]  # a retry after a busy database plans again; the last plan is what was written
+        return TrimResult(done.archive_id, job_id, len(done.message_ids), done.trust, done.summary)
 
     async def archive_messages(self, archive_id: str) -> list[StoredMessage]:
         """The messages of one trimmed slice, oldest first."""

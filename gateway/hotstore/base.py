@@ -12,7 +12,7 @@ SQLAlchemy uses (``tests/gateway/test_hot_store.py`` checks both ways).
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -106,6 +106,49 @@ class NewMessage:
     record: TurnRecordRow | None
 
 
+@dataclass(frozen=True, slots=True)
+class TrimSession:
+    """The session row a trim reads (locked for the transaction)."""
+
+    id: str
+    channel: str
+    conversation_id: str
+    thread_id: str
+    previous_context: str
+    extracted_through: int
+
+
+@dataclass(frozen=True, slots=True)
+class TrimWrite:
+    """What one trim writes, planned from the session and its live messages (``TrimPlan``)."""
+
+    message_ids: list[int]  # the slice, marked with ``archive_id``
+    archive_id: str
+    created_at: datetime
+    start_at: datetime
+    end_at: datetime
+    trust: str
+    summary: str
+    markdown: str
+    previous_context: str
+    extracted_through: int
+    job_payload: dict[str, Any]
+    crash_after: str | None = None  # the crash tests only: "mark", "archive" or "job"
+
+
+TrimPlan = Callable[[TrimSession, list[tuple[Any, ...]]], TrimWrite | None]
+"""Given the session and its live messages (``MESSAGE_COLUMNS`` tuples, oldest first): the write, or None."""
+
+
+def crash_point(w: TrimWrite, step: str) -> None:
+    """Fail inside the trim's transaction after ``step`` (the crash tests' switch; never set otherwise)."""
+    if w.crash_after == step:
+        raise RuntimeError(f"simulated crash after {CRASH_STEPS[step]}")
+
+
+CRASH_STEPS = {"mark": "marking the slice", "archive": "writing the archive", "job": "writing the job"}
+
+
 class HotStore(abc.ABC):
     """The hot path's statements on one database; one instance per engine (see ``hot_store``)."""
 
@@ -128,6 +171,13 @@ class HotStore(abc.ABC):
     @abc.abstractmethod
     async def stored_reply(self, message_row_id: int) -> str | None:
         """The reply stored for a message row, if any."""
+
+    @abc.abstractmethod
+    async def trim(self, session_id: str, plan: TrimPlan) -> int | None:
+        """One trim in one transaction: lock the session, read its live messages, write ``plan``'s result.
+
+        Returns the extraction job's id, or None when there was nothing to trim.
+        """
 
     @abc.abstractmethod
     async def select(self, sql: str, args: Sequence[Any], kinds: Sequence[str | None]) -> list[tuple[Any, ...]]:

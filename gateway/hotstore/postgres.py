@@ -16,7 +16,16 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from gateway.hotstore.base import MESSAGE_SELECT, HotStore, NewMessage, TurnMessage, TurnRows
+from gateway.hotstore.base import (
+    MESSAGE_SELECT,
+    HotStore,
+    NewMessage,
+    TrimPlan,
+    TrimSession,
+    TurnMessage,
+    TurnRows,
+    crash_point,
+)
 
 DEFAULT_POOL_SIZE = 10
 
@@ -198,6 +207,59 @@ class PostgresHotStore(HotStore):
         """The reply stored for a message row, if any."""
         pool = await self._get_pool()
         return await pool.fetchval(_REPLY, message_row_id)
+
+    async def trim(self, session_id: str, plan: TrimPlan) -> int | None:
+        """One trim in one transaction (the session row locked ``FOR UPDATE``)."""
+        pool = await self._get_pool()
+        async with pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                "SELECT id, channel, conversation_id, thread_id, previous_context, extracted_through"
+                " FROM sessions WHERE id = $1 FOR UPDATE",
+                session_id,
+            )
+            if row is None:
+                return None
+            live = [
+                tuple(r)
+                for r in await conn.fetch(
+                    MESSAGE_SELECT + " WHERE session_id = $1 AND archive_id IS NULL ORDER BY id", session_id
+                )
+            ]
+            w = plan(TrimSession(*row), live)
+            if w is None:
+                return None
+            await conn.execute(
+                "UPDATE messages SET archive_id = $1 WHERE id = ANY($2::integer[])", w.archive_id, w.message_ids
+            )
+            crash_point(w, "mark")
+            await conn.execute(
+                "INSERT INTO archives (id, session_id, created_at, start_at, end_at, trust, message_count, summary,"
+                " markdown) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                w.archive_id,
+                session_id,
+                _aware(w.created_at),
+                _aware(w.start_at),
+                _aware(w.end_at),
+                w.trust,
+                len(w.message_ids),
+                w.summary,
+                w.markdown,
+            )
+            crash_point(w, "archive")
+            await conn.execute(
+                "UPDATE sessions SET previous_context = $1, extracted_through = $2 WHERE id = $3",
+                w.previous_context,
+                w.extracted_through,
+                session_id,
+            )
+            job_id = await conn.fetchval(
+                "INSERT INTO jobs (kind, payload, status, attempts, run_after, created_at)"
+                " VALUES ('extract', $1, 'pending', 0, $2, $2) RETURNING id",
+                w.job_payload,
+                _aware(w.created_at),
+            )
+            crash_point(w, "job")
+        return int(job_id)
 
     async def select(self, sql: str, args: Sequence[Any], kinds: Sequence[str | None]) -> list[tuple[Any, ...]]:
         """One read statement (``$n`` parameters; asyncpg decodes every column itself)."""

@@ -32,8 +32,11 @@ from gateway.hotstore.base import (
     MESSAGE_SELECT,
     HotStore,
     NewMessage,
+    TrimPlan,
+    TrimSession,
     TurnMessage,
     TurnRows,
+    crash_point,
 )
 
 T = TypeVar("T")
@@ -44,10 +47,12 @@ _MAX_WAIT_S = 0.05
 
 
 def encode_time(value: datetime) -> str:
-    """A datetime as SQLAlchemy's SQLite dialect stores a ``UTCDateTime``: naive UTC text."""
+    """A datetime as SQLAlchemy's SQLite dialect stores a ``UTCDateTime``: naive UTC text, microseconds."""
     if value.tzinfo is None:
         raise ValueError("naive datetime given to the database; use datetime.now(UTC)")
-    return f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S.%f}"
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    return value.replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
 def decode_time(value: str | None) -> datetime | None:
@@ -55,16 +60,7 @@ def decode_time(value: str | None) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC)
 
 
-def _decode(value: Any, kind: str | None) -> Any:
-    if value is None or kind is None:
-        return value
-    if kind == DATETIME:
-        return decode_time(value)
-    if kind == JSON_VALUE:
-        return json.loads(value)
-    if kind == BOOL:
-        return bool(value)
-    return value
+_DECODERS: dict[str, Callable[[Any], Any]] = {DATETIME: decode_time, JSON_VALUE: json.loads, BOOL: bool}
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -197,15 +193,27 @@ class SQLiteHotStore(HotStore):
 
         return await self._run(body, write=False)
 
+    async def trim(self, session_id: str, plan: TrimPlan) -> int | None:
+        """One trim in one ``BEGIN IMMEDIATE`` transaction."""
+        return await self._run(lambda conn: _trim(conn, session_id, plan), write=True)
+
     async def select(self, sql: str, args: Sequence[Any], kinds: Sequence[str | None]) -> list[tuple[Any, ...]]:
         """One read statement (``?`` parameters; datetimes are encoded, values decoded by ``kinds``)."""
         params = [encode_time(a) if isinstance(a, datetime) else a for a in args]
+        decoders = [(i, _DECODERS[k]) for i, k in enumerate(kinds) if k is not None]
 
         def body(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
             rows = conn.execute(sql, params).fetchall()
-            if not any(kinds):
+            if not decoders:
                 return rows
-            return [tuple(_decode(v, k) for v, k in zip(r, kinds, strict=True)) for r in rows]
+            out = []
+            for r in rows:
+                values = list(r)
+                for i, decode in decoders:
+                    if values[i] is not None:
+                        values[i] = decode(values[i])
+                out.append(tuple(values))
+            return out
 
         return await self._run(body, write=False)
 
@@ -306,3 +314,48 @@ def _store_message(conn: sqlite3.Connection, m: NewMessage) -> tuple[int, int | 
             ),
         ).fetchone()
     return found[0], record_id
+
+
+def _trim(conn: sqlite3.Connection, session_id: str, plan: TrimPlan) -> int | None:
+    row = conn.execute(
+        "SELECT id, channel, conversation_id, thread_id, previous_context, extracted_through"
+        " FROM sessions WHERE id = ?",
+        (session_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    live = conn.execute(MESSAGE_SELECT + " WHERE session_id = ? AND archive_id IS NULL ORDER BY id", (session_id,))
+    w = plan(TrimSession(*row), [_message_row(r) for r in live.fetchall()])
+    if w is None:
+        return None
+    marks = ",".join("?" * len(w.message_ids))
+    conn.execute(f"UPDATE messages SET archive_id = ? WHERE id IN ({marks})", (w.archive_id, *w.message_ids))
+    crash_point(w, "mark")
+    conn.execute(
+        "INSERT INTO archives (id, session_id, created_at, start_at, end_at, trust, message_count, summary, markdown)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            w.archive_id,
+            session_id,
+            encode_time(w.created_at),
+            encode_time(w.start_at),
+            encode_time(w.end_at),
+            w.trust,
+            len(w.message_ids),
+            w.summary,
+            w.markdown,
+        ),
+    )
+    crash_point(w, "archive")
+    conn.execute(
+        "UPDATE sessions SET previous_context = ?, extracted_through = ? WHERE id = ?",
+        (w.previous_context, w.extracted_through, session_id),
+    )
+    created = encode_time(w.created_at)
+    (job_id,) = conn.execute(
+        "INSERT INTO jobs (kind, payload, status, attempts, run_after, created_at)"
+        " VALUES ('extract', ?, 'pending', 0, ?, ?) RETURNING id",
+        (json.dumps(w.job_payload), created, created),
+    ).fetchone()
+    crash_point(w, "job")
+    return int(job_id)
