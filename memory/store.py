@@ -39,8 +39,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-from gateway.hotstore import hot_store
-from gateway.hotstore.base import DATETIME, JSON_VALUE
+from hotstore import hot_store
+from hotstore.base import DATETIME, JSON_VALUE
 from memory.gate import GateDecision
 from memory.models import (
     CAUSES,

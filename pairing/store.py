@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from gateway.hotstore import hot_store
+from hotstore import hot_store
 from pairing.models import Identity, LinkCode, PairingAudit, PairingNotice, PairingRequest, RoleChange, User
 from pairing.notices import paired_text
 from pairing.principal import Principal, Role

@@ -1,6 +1,6 @@
 """The hot store's contract, on SQLite and PostgreSQL: the turn's statements on the raw driver.
 
-``gateway/hotstore`` runs begin-turn, store-reply, the role read and memory's
+``hotstore`` runs begin-turn, store-reply, the role read and memory's
 candidate statement without SQLAlchemy; these tests hold it to what the
 SQLAlchemy versions did, through the stores every caller uses.
 """
@@ -19,10 +19,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.explain import TurnExplanation
-from gateway.hotstore import hot_store
 from gateway.models import Heartbeat, Message, TurnRecord
 from gateway.sessions import SessionKey, SessionStore
 from gateway.write_health import storage_reason
+from hotstore import hot_store
 from memory.models import MemoryRecord, MemoryTerm
 from memory.store import MemoryStore, _candidates_statement, _view, note_terms
 from memory.words import subject_key

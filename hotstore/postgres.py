@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from gateway.hotstore.base import (
+from hotstore.base import (
     MESSAGE_SELECT,
     HotStore,
     NewMessage,

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from gateway.hotstore.base import (
+from hotstore.base import (
     BOOL,
     DATETIME,
     JSON_VALUE,
