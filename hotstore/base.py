@@ -17,21 +17,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-# The columns of a messages row, in the order every hot read returns them
-# (the positional fields of ``gateway.sessions.StoredMessage``).
-MESSAGE_COLUMNS = (
-    "id",
-    "session_id",
-    "platform_message_id",
-    "speaker_user_id",
-    "stored_role",
-    "display_name",
-    "text",
-    "said_at",
-    "is_agent",
-)
-MESSAGE_SELECT = "SELECT " + ", ".join(MESSAGE_COLUMNS) + " FROM messages"
-
 # Column kinds a raw row's values are decoded by (SQLite stores datetimes and JSON as text).
 DATETIME = "datetime"
 JSON_VALUE = "json"
@@ -60,7 +45,7 @@ class TurnMessage:
 
 @dataclass(frozen=True, slots=True)
 class TurnRows:
-    """What ``begin_turn`` read and wrote: raw message tuples in ``MESSAGE_COLUMNS`` order.
+    """What ``begin_turn`` read and wrote: raw message tuples in ``sql.MESSAGE_SELECT`` order.
 
     ``message_id`` is None when the message was stored before and needs no
     answer (then ``reply`` is its stored reply, if any); ``resumed`` when it was
@@ -137,7 +122,7 @@ class TrimWrite:
 
 
 TrimPlan = Callable[[TrimSession, list[tuple[Any, ...]]], TrimWrite | None]
-"""Given the session and its live messages (``MESSAGE_COLUMNS`` tuples, oldest first): the write, or None."""
+"""Given the session and its live messages (``sql.MESSAGE_SELECT`` tuples, oldest first): the write, or None."""
 
 
 def crash_point(w: TrimWrite, step: str) -> None:

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from hotstore import sql
 from hotstore.base import (
-    MESSAGE_SELECT,
     HotStore,
     NewMessage,
     TrimPlan,
@@ -26,38 +26,21 @@ from hotstore.base import (
     TurnRows,
     crash_point,
 )
+from hotstore.sql import numbered
 
 DEFAULT_POOL_SIZE = 10
 
-_FIND_SESSION = (
-    "SELECT id, previous_context FROM sessions WHERE channel = $1 AND conversation_id = $2 AND thread_id = $3"
+_FIND_SESSION, _NEW_SESSION, _NEW_MESSAGE = (numbered(q) for q in (sql.FIND_SESSION, sql.NEW_SESSION, sql.NEW_MESSAGE))
+_OLD_MESSAGE, _ASK_REPLY, _REPLY = (numbered(q) for q in (sql.OLD_MESSAGE, sql.ASK_REPLY, sql.REPLY))
+_HISTORY, _MESSAGE_BY_ID = numbered(sql.HISTORY), numbered(sql.MESSAGE_BY_ID)
+_STORE, _TURN_RECORD, _USER_ROLE, _IDENTITY_ROLE = (
+    numbered(q) for q in (sql.STORE, sql.TURN_RECORD, sql.USER_ROLE, sql.IDENTITY_ROLE)
 )
-_NEW_SESSION = (
-    "INSERT INTO sessions (id, channel, conversation_id, thread_id, parent_conversation_id,"
-    " previous_context, extracted_through, created_at, updated_at)"
-    " VALUES ($1, $2, $3, $4, $5, '', 0, $6, $6)"
-    " ON CONFLICT (channel, conversation_id, thread_id) DO NOTHING"
+_TRIM_SESSION = numbered(sql.TRIM_SESSION) + " FOR UPDATE"
+_LIVE, _ARCHIVE, _TRIMMED_SESSION, _EXTRACT_JOB = (
+    numbered(q) for q in (sql.LIVE, sql.ARCHIVE, sql.TRIMMED_SESSION, sql.EXTRACT_JOB)
 )
-_NEW_MESSAGE = (
-    "INSERT INTO messages (session_id, platform_message_id, speaker_user_id, stored_role, display_name,"
-    " text, said_at, is_agent, created_at, reply_requested)"
-    " VALUES ($1, $2, $3, $4, $5, $6, $7, false, $8, $9)"
-    " ON CONFLICT (session_id, is_agent, platform_message_id) DO NOTHING RETURNING id"
-)
-_OLD_MESSAGE = (
-    "SELECT id, reply_requested FROM messages WHERE session_id = $1 AND is_agent = false AND platform_message_id = $2"
-)
-_REPLY = "SELECT text FROM messages WHERE reply_to_id = $1"
-_HISTORY = MESSAGE_SELECT + " WHERE session_id = $1 AND archive_id IS NULL AND id <= $2 ORDER BY id DESC LIMIT $3"
-_STORE = (
-    "INSERT INTO messages (session_id, platform_message_id, speaker_user_id, stored_role, display_name,"
-    " text, said_at, is_agent, created_at, reply_to_id, reply_requested)"
-    " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, false) ON CONFLICT DO NOTHING RETURNING id"
-)
-_TURN_RECORD = (
-    "INSERT INTO turn_records (session_id, message_id, reply_message_id, at, speaker_user_id, stored_role,"
-    " memory, sections, model_calls) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id"
-)
+_MARK = "UPDATE messages SET archive_id = $1 WHERE id = ANY($2::integer[])"
 
 
 def _aware(value: datetime) -> datetime:
@@ -116,19 +99,13 @@ class PostgresHotStore(HotStore):
     async def user_role(self, user_id: str) -> tuple[str, str] | None:
         """(role, display name) of a unified user, or None."""
         pool = await self._get_pool()
-        row = await pool.fetchrow("SELECT role, display_name FROM users WHERE id = $1", user_id)
+        row = await pool.fetchrow(_USER_ROLE, user_id)
         return (row[0], row[1]) if row else None
 
     async def identity_role(self, channel: str, platform_user_id: str) -> tuple[str, str, str] | None:
         """(user id, role, display name) behind a platform identity, or None."""
         pool = await self._get_pool()
-        row = await pool.fetchrow(
-            "SELECT users.id, users.role, users.display_name FROM users"
-            " JOIN identities ON identities.user_id = users.id"
-            " WHERE identities.channel = $1 AND identities.platform_user_id = $2",
-            channel,
-            platform_user_id,
-        )
+        row = await pool.fetchrow(_IDENTITY_ROLE, channel, platform_user_id)
         return (row[0], row[1], row[2]) if row else None
 
     async def begin_turn(self, m: TurnMessage) -> TurnRows:
@@ -138,7 +115,8 @@ class PostgresHotStore(HotStore):
         async with pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(_FIND_SESSION, *key)
             if row is None:
-                await conn.execute(_NEW_SESSION, m.new_session_id, *key, m.parent_conversation_id, _aware(m.now))
+                now = _aware(m.now)
+                await conn.execute(_NEW_SESSION, m.new_session_id, *key, m.parent_conversation_id, now, now)
                 row = await conn.fetchrow(_FIND_SESSION, *key)
             session_id, previous = row[0], row[1]
             new_id = await conn.fetchval(
@@ -160,12 +138,12 @@ class PostgresHotStore(HotStore):
                 if reply is not None or not m.reply_requested:
                     return TurnRows(session_id, previous, None, [], reply=reply)
                 if not old[1]:
-                    await conn.execute("UPDATE messages SET reply_requested = true WHERE id = $1", old[0])
+                    await conn.execute(_ASK_REPLY, old[0])
                 new_id, resumed = old[0], True
             rows = [tuple(r) for r in await conn.fetch(_HISTORY, session_id, new_id, m.history_limit)]
             if resumed and (not rows or rows[0][0] != new_id):
                 # Already trimmed into an archive: answer it with what is still live.
-                rows.insert(0, tuple(await conn.fetchrow(MESSAGE_SELECT + " WHERE id = $1", new_id)))
+                rows.insert(0, tuple(await conn.fetchrow(_MESSAGE_BY_ID, new_id)))
         return TurnRows(session_id, previous, new_id, rows, resumed=resumed)
 
     async def store_message(self, m: NewMessage) -> tuple[int, int | None] | None:
@@ -212,29 +190,17 @@ class PostgresHotStore(HotStore):
         """One trim in one transaction (the session row locked ``FOR UPDATE``)."""
         pool = await self._get_pool()
         async with pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
-                "SELECT id, channel, conversation_id, thread_id, previous_context, extracted_through"
-                " FROM sessions WHERE id = $1 FOR UPDATE",
-                session_id,
-            )
+            row = await conn.fetchrow(_TRIM_SESSION, session_id)
             if row is None:
                 return None
-            live = [
-                tuple(r)
-                for r in await conn.fetch(
-                    MESSAGE_SELECT + " WHERE session_id = $1 AND archive_id IS NULL ORDER BY id", session_id
-                )
-            ]
+            live = [tuple(r) for r in await conn.fetch(_LIVE, session_id)]
             w = plan(TrimSession(*row), live)
             if w is None:
                 return None
-            await conn.execute(
-                "UPDATE messages SET archive_id = $1 WHERE id = ANY($2::integer[])", w.archive_id, w.message_ids
-            )
+            await conn.execute(_MARK, w.archive_id, w.message_ids)
             crash_point(w, "mark")
             await conn.execute(
-                "INSERT INTO archives (id, session_id, created_at, start_at, end_at, trust, message_count, summary,"
-                " markdown) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                _ARCHIVE,
                 w.archive_id,
                 session_id,
                 _aware(w.created_at),
@@ -247,17 +213,13 @@ class PostgresHotStore(HotStore):
             )
             crash_point(w, "archive")
             await conn.execute(
-                "UPDATE sessions SET previous_context = $1, extracted_through = $2 WHERE id = $3",
+                _TRIMMED_SESSION,
                 w.previous_context,
                 w.extracted_through,
                 session_id,
             )
-            job_id = await conn.fetchval(
-                "INSERT INTO jobs (kind, payload, status, attempts, run_after, created_at)"
-                " VALUES ('extract', $1, 'pending', 0, $2, $2) RETURNING id",
-                w.job_payload,
-                _aware(w.created_at),
-            )
+            created = _aware(w.created_at)
+            job_id = await conn.fetchval(_EXTRACT_JOB, w.job_payload, created, created)
             crash_point(w, "job")
         return int(job_id)
 

@@ -25,11 +25,11 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from hotstore import sql
 from hotstore.base import (
     BOOL,
     DATETIME,
     JSON_VALUE,
-    MESSAGE_SELECT,
     HotStore,
     NewMessage,
     TrimPlan,
@@ -157,7 +157,7 @@ class SQLiteHotStore(HotStore):
         """(role, display name) of a unified user, or None."""
 
         def body(conn: sqlite3.Connection) -> tuple[str, str] | None:
-            return conn.execute("SELECT role, display_name FROM users WHERE id = ?", (user_id,)).fetchone()
+            return conn.execute(sql.USER_ROLE, (user_id,)).fetchone()
 
         return await self._run(body, write=False)
 
@@ -165,12 +165,7 @@ class SQLiteHotStore(HotStore):
         """(user id, role, display name) behind a platform identity, or None."""
 
         def body(conn: sqlite3.Connection) -> tuple[str, str, str] | None:
-            return conn.execute(
-                "SELECT users.id, users.role, users.display_name FROM users"
-                " JOIN identities ON identities.user_id = users.id"
-                " WHERE identities.channel = ? AND identities.platform_user_id = ?",
-                (channel, platform_user_id),
-            ).fetchone()
+            return conn.execute(sql.IDENTITY_ROLE, (channel, platform_user_id)).fetchone()
 
         return await self._run(body, write=False)
 
@@ -188,7 +183,7 @@ class SQLiteHotStore(HotStore):
         """The reply stored for a message row, if any."""
 
         def body(conn: sqlite3.Connection) -> str | None:
-            row = conn.execute("SELECT text FROM messages WHERE reply_to_id = ?", (message_row_id,)).fetchone()
+            row = conn.execute(sql.REPLY, (message_row_id,)).fetchone()
             return row[0] if row else None
 
         return await self._run(body, write=False)
@@ -220,24 +215,14 @@ class SQLiteHotStore(HotStore):
 
 def _begin_turn(conn: sqlite3.Connection, m: TurnMessage) -> TurnRows:
     key = (m.channel, m.conversation_id, m.thread_id)
-    find = "SELECT id, previous_context FROM sessions WHERE channel = ? AND conversation_id = ? AND thread_id = ?"
-    row = conn.execute(find, key).fetchone()
+    row = conn.execute(sql.FIND_SESSION, key).fetchone()
     if row is None:
         now = encode_time(m.now)
-        conn.execute(
-            "INSERT INTO sessions (id, channel, conversation_id, thread_id, parent_conversation_id,"
-            " previous_context, extracted_through, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, '', 0, ?, ?)"
-            " ON CONFLICT (channel, conversation_id, thread_id) DO NOTHING",
-            (m.new_session_id, *key, m.parent_conversation_id, now, now),
-        )
-        row = conn.execute(find, key).fetchone()
+        conn.execute(sql.NEW_SESSION, (m.new_session_id, *key, m.parent_conversation_id, now, now))
+        row = conn.execute(sql.FIND_SESSION, key).fetchone()
     session_id, previous = row
     found = conn.execute(
-        "INSERT INTO messages (session_id, platform_message_id, speaker_user_id, stored_role, display_name,"
-        " text, said_at, is_agent, created_at, reply_requested)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)"
-        " ON CONFLICT (session_id, is_agent, platform_message_id) DO NOTHING RETURNING id",
+        sql.NEW_MESSAGE,
         (
             session_id,
             m.platform_message_id,
@@ -253,34 +238,25 @@ def _begin_turn(conn: sqlite3.Connection, m: TurnMessage) -> TurnRows:
     resumed = False
     if found is None:
         # Stored before: its reply, or (asked for an answer, never given one) answer it now.
-        old_id, old_requested = conn.execute(
-            "SELECT id, reply_requested FROM messages WHERE session_id = ? AND is_agent = 0"
-            " AND platform_message_id = ?",
-            (session_id, m.platform_message_id),
-        ).fetchone()
-        reply = conn.execute("SELECT text FROM messages WHERE reply_to_id = ?", (old_id,)).fetchone()
+        old_id, old_requested = conn.execute(sql.OLD_MESSAGE, (session_id, m.platform_message_id)).fetchone()
+        reply = conn.execute(sql.REPLY, (old_id,)).fetchone()
         if reply is not None or not m.reply_requested:
             return TurnRows(session_id, previous, None, [], reply=reply[0] if reply else None)
         if not old_requested:
-            conn.execute("UPDATE messages SET reply_requested = 1 WHERE id = ?", (old_id,))
+            conn.execute(sql.ASK_REPLY, (old_id,))
         new_id, resumed = old_id, True
     else:
         new_id = found[0]
-    rows = conn.execute(
-        MESSAGE_SELECT + " WHERE session_id = ? AND archive_id IS NULL AND id <= ? ORDER BY id DESC LIMIT ?",
-        (session_id, new_id, m.history_limit),
-    ).fetchall()
+    rows = conn.execute(sql.HISTORY, (session_id, new_id, m.history_limit)).fetchall()
     if resumed and (not rows or rows[0][0] != new_id):
         # Already trimmed into an archive: answer it with what is still live.
-        rows.insert(0, conn.execute(MESSAGE_SELECT + " WHERE id = ?", (new_id,)).fetchone())
+        rows.insert(0, conn.execute(sql.MESSAGE_BY_ID, (new_id,)).fetchone())
     return TurnRows(session_id, previous, new_id, [_message_row(r) for r in rows], resumed=resumed)
 
 
 def _store_message(conn: sqlite3.Connection, m: NewMessage) -> tuple[int, int | None] | None:
     found = conn.execute(
-        "INSERT INTO messages (session_id, platform_message_id, speaker_user_id, stored_role, display_name,"
-        " text, said_at, is_agent, created_at, reply_to_id, reply_requested)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING RETURNING id",
+        sql.STORE,
         (
             m.session_id,
             m.platform_message_id,
@@ -299,8 +275,7 @@ def _store_message(conn: sqlite3.Connection, m: NewMessage) -> tuple[int, int | 
     record_id = None
     if (r := m.record) is not None:
         (record_id,) = conn.execute(
-            "INSERT INTO turn_records (session_id, message_id, reply_message_id, at, speaker_user_id, stored_role,"
-            " memory, sections, model_calls) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            sql.TURN_RECORD,
             (
                 m.session_id,
                 r.message_id,
@@ -317,14 +292,10 @@ def _store_message(conn: sqlite3.Connection, m: NewMessage) -> tuple[int, int | 
 
 
 def _trim(conn: sqlite3.Connection, session_id: str, plan: TrimPlan) -> int | None:
-    row = conn.execute(
-        "SELECT id, channel, conversation_id, thread_id, previous_context, extracted_through"
-        " FROM sessions WHERE id = ?",
-        (session_id,),
-    ).fetchone()
+    row = conn.execute(sql.TRIM_SESSION, (session_id,)).fetchone()
     if row is None:
         return None
-    live = conn.execute(MESSAGE_SELECT + " WHERE session_id = ? AND archive_id IS NULL ORDER BY id", (session_id,))
+    live = conn.execute(sql.LIVE, (session_id,))
     w = plan(TrimSession(*row), [_message_row(r) for r in live.fetchall()])
     if w is None:
         return None
@@ -332,8 +303,7 @@ def _trim(conn: sqlite3.Connection, session_id: str, plan: TrimPlan) -> int | No
     conn.execute(f"UPDATE messages SET archive_id = ? WHERE id IN ({marks})", (w.archive_id, *w.message_ids))
     crash_point(w, "mark")
     conn.execute(
-        "INSERT INTO archives (id, session_id, created_at, start_at, end_at, trust, message_count, summary, markdown)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        sql.ARCHIVE,
         (
             w.archive_id,
             session_id,
@@ -347,14 +317,10 @@ def _trim(conn: sqlite3.Connection, session_id: str, plan: TrimPlan) -> int | No
         ),
     )
     crash_point(w, "archive")
-    conn.execute(
-        "UPDATE sessions SET previous_context = ?, extracted_through = ? WHERE id = ?",
-        (w.previous_context, w.extracted_through, session_id),
-    )
+    conn.execute(sql.TRIMMED_SESSION, (w.previous_context, w.extracted_through, session_id))
     created = encode_time(w.created_at)
     (job_id,) = conn.execute(
-        "INSERT INTO jobs (kind, payload, status, attempts, run_after, created_at)"
-        " VALUES ('extract', ?, 'pending', 0, ?, ?) RETURNING id",
+        sql.EXTRACT_JOB,
         (json.dumps(w.job_payload), created, created),
     ).fetchone()
     crash_point(w, "job")
