@@ -54,6 +54,14 @@ async def _init_connection(conn: Any) -> None:
     await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+async def _reset_connection(conn: Any) -> None:
+    # asyncpg resets every connection returned to the pool (advisory locks, cursors, LISTEN, SET):
+    # a round trip per checkout. These statements leave no such state; only a transaction cut
+    # short (a cancelled task) needs undoing, and Connection.reset does that.
+    if conn.is_in_transaction():
+        await conn.reset()
+
+
 class PostgresHotStore(HotStore):
     """The hot path on an asyncpg pool (created on first use, closed by ``close``)."""
 
@@ -75,7 +83,7 @@ class PostgresHotStore(HotStore):
                 import asyncpg
 
                 self._pool = await asyncpg.create_pool(
-                    self.dsn, min_size=1, max_size=self.max_size, init=_init_connection
+                    self.dsn, min_size=1, max_size=self.max_size, init=_init_connection, reset=_reset_connection
                 )
                 self._pid = os.getpid()
             return self._pool
