@@ -1,11 +1,17 @@
 """Turn overhead: POST /v1/chat on the builtin model vs a bare aiohttp echo, same machine, same run.
 
-Both servers run as their own processes; this process is the client. The
-gateway's database is seeded with 10,000 stored messages first. Prints turns/s
-and p50/p99 latency for each, and the throughput ratio (median of --runs).
+Every server runs as its own process (``goclaw serve``, and the echo); this
+process is the client. Each gateway's database is seeded with 10,000 stored
+messages first. For each client count (``--clients 1,8``) it prints turns/s,
+p50/p99 latency, the throughput ratio to the echo, and the gateway's **CPU per
+turn**: the server process's user+system time from ``/proc/PID/stat`` (all its
+threads, so aiosqlite's thread counts too) over the load, divided by the turns.
+The client's own CPU is in another process and is not counted. With
+``--baseline-source DIR`` a second gateway from another tree (e.g. main) runs the
+same load in the same run, interleaved, on its own database.
 
-    .venv/bin/python bench/turn_overhead.py [--requests 1500] [--concurrency 8] [--runs 3]
-        [--url postgresql+asyncpg://postgres@127.0.0.1:5432/goclaw_bench]   # an EMPTY database
+    .venv/bin/python bench/turn_overhead.py [--requests 1500] [--clients 1,8] [--runs 3]
+        [--postgres] [--baseline-source /work/main]
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -139,70 +146,153 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=1500)
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--seed-messages", type=int, default=10_000)
-    ap.add_argument("--url", default=None, help="an empty database to use instead of a temporary SQLite file")
-    args = ap.parse_args()
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (every thread), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    with tempfile.TemporaryDirectory() as tmp:
-        db_url = args.url or f"sqlite+aiosqlite:///{tmp}/bench.db"
-        user_id = await seed(db_url, args.seed_messages)
-        gw_port, echo_port = free_port(), free_port()
-        cfg = Path(tmp) / "config.yaml"
+
+async def pg_database(server: str, name: str, *, drop: bool = False) -> str:
+    import asyncpg
+
+    conn = await asyncpg.connect(server)
+    try:
+        if drop:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        else:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return server.replace("postgresql://", "postgresql+asyncpg://").rsplit("/", 1)[0] + f"/{name}"
+
+
+Result = tuple[float, float, float, float]
+
+
+class Gateway:
+    """One ``goclaw serve`` from a source tree, on its own seeded database."""
+
+    def __init__(self, name: str, source: Path, db_url: str, tmp: Path) -> None:
+        self.name, self.source, self.db_url, self.tmp = name, source, db_url, tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1/chat"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    async def start(self, seed_messages: int) -> None:
+        user_id = await seed(self.db_url, seed_messages)
+        cfg = self.tmp / "config.yaml"
         cfg.write_text(
             json.dumps(
                 {
-                    "database": {"url": db_url},
-                    "server": {"port": gw_port, "api_users": [{"token": TOKEN, "user": user_id}]},
+                    "database": {"url": self.db_url},
+                    "server": {"port": self.port, "api_users": [{"token": TOKEN, "user": user_id}]},
                     "logging": {"level": "WARNING"},
                 }
             )
         )
-        env = {**os.environ, "NO_PROXY": "127.0.0.1"}
-        gw = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", str(cfg)], cwd=tmp, env=env)
-        echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(echo_port)], env=env)
-        try:
-            await wait_up(f"http://127.0.0.1:{gw_port}/healthz")
-            await wait_up(f"http://127.0.0.1:{echo_port}/v1/chat")
-            headers = {"Authorization": f"Bearer {TOKEN}"}
-            gw_url, echo_url = f"http://127.0.0.1:{gw_port}/v1/chat", f"http://127.0.0.1:{echo_port}/v1/chat"
-            await load(gw_url, 100, args.concurrency, headers)  # warm-up
-            await load(echo_url, 100, args.concurrency, headers)
-            results: dict[str, list[tuple[float, float, float]]] = {"gateway": [], "echo": []}
-            ratios = []
-            for run in range(args.runs):
-                e_tps, e_lat = await load(echo_url, args.requests, args.concurrency, headers)
-                g_tps, g_lat = await load(gw_url, args.requests, args.concurrency, headers)
-                results["echo"].append((e_tps, pct(e_lat, 0.5), pct(e_lat, 0.99)))
-                results["gateway"].append((g_tps, pct(g_lat, 0.5), pct(g_lat, 0.99)))
-                ratios.append(g_tps / e_tps)
-                print(
-                    f"run {run + 1}: gateway {g_tps:7.1f} turns/s p50 {pct(g_lat, 0.5):6.2f} ms "
-                    f"p99 {pct(g_lat, 0.99):6.2f} ms | echo {e_tps:7.1f} req/s p50 {pct(e_lat, 0.5):6.2f} ms "
-                    f"p99 {pct(e_lat, 0.99):6.2f} ms | ratio {g_tps / e_tps:.2f}"
-                )
-        finally:
-            gw.terminate()
-            echo.terminate()
-            gw.wait(10)
-            echo.wait(10)
+        env = {**os.environ, "NO_PROXY": "127.0.0.1", "PYTHONPATH": str(self.source)}
+        cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(cfg)]
+        self.proc = subprocess.Popen(cmd, cwd=self.tmp, env=env)
+        await wait_up(f"http://127.0.0.1:{self.port}/healthz", timeout=60)
 
-    def med(name: str, i: int) -> float:
-        return statistics.median(r[i] for r in results[name])
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+async def measure(
+    g: Gateway, requests: int, clients: int, headers: dict[str, str]
+) -> tuple[float, float, float, float]:
+    """(turns/s, p50 ms, p99 ms, server CPU ms per turn) for one load."""
+    assert g.proc is not None
+    cpu0 = cpu_seconds(g.proc.pid)
+    tps, lat = await load(g.url, requests, clients, headers)
+    cpu_ms = (cpu_seconds(g.proc.pid) - cpu0) * 1000 / requests
+    return tps, pct(lat, 0.5), pct(lat, 0.99), cpu_ms
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=1500)
+    ap.add_argument("--clients", default="1,8", help="client counts to load with, comma-separated")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seed-messages", type=int, default=10_000)
+    ap.add_argument("--postgres", action="store_true", help="fresh PostgreSQL databases instead of SQLite files")
+    ap.add_argument("--pg-server", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--baseline-source", type=Path, default=None, help="also run a gateway from this tree")
+    args = ap.parse_args()
+    levels = [int(c) for c in args.clients.split(",")]
+
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        trees = [("this", ROOT)] + ([("baseline", args.baseline_source.resolve())] if args.baseline_source else [])
+        gateways: list[Gateway] = []
+        pg_names: list[str] = []
+        echo_port = free_port()
+        env = {**os.environ, "NO_PROXY": "127.0.0.1"}
+        echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(echo_port)], env=env)
+        echo_url = f"http://127.0.0.1:{echo_port}/v1/chat"
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        results: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
+        try:
+            for name, source in trees:
+                (tmp / name).mkdir()
+                if args.postgres:
+                    pg_names.append(f"goclaw_bench_{name}_{secrets.token_hex(4)}")
+                    db_url = await pg_database(args.pg_server, pg_names[-1])
+                else:
+                    db_url = f"sqlite+aiosqlite:///{tmp / name / 'bench.db'}"
+                gateways.append(g := Gateway(name, source, db_url, tmp / name))
+                await g.start(args.seed_messages)
+            await wait_up(echo_url)
+            for g in gateways:
+                await load(g.url, 100, max(levels), headers)  # warm-up
+            await load(echo_url, 100, max(levels), headers)
+            for run in range(args.runs):
+                for clients in levels:
+                    e_tps, e_lat = await load(echo_url, args.requests, clients, headers)
+                    results.setdefault(("echo", clients), []).append((e_tps, pct(e_lat, 0.5), pct(e_lat, 0.99), 0))
+                    line = f"run {run + 1}, {clients} client(s): echo {e_tps:7.1f} req/s"
+                    for g in gateways:
+                        r = await measure(g, args.requests, clients, headers)
+                        results.setdefault((g.name, clients), []).append(r)
+                        line += (
+                            f" | {g.name} {r[0]:7.1f} turns/s p50 {r[1]:5.2f} p99 {r[2]:6.2f} ms"
+                            f" cpu {r[3]:5.2f} ms/turn ratio {r[0] / e_tps:.3f}"
+                        )
+                    print(line, flush=True)
+        finally:
+            for g in gateways:
+                g.stop()
+            echo.terminate()
+            echo.wait(10)
+            for name in pg_names:
+                await pg_database(args.pg_server, name, drop=True)
+
+    def med(key: tuple[str, int], i: int) -> float:
+        return statistics.median(r[i] for r in results[key])
 
     print(
-        f"\nmedian of {args.runs} runs, {args.requests} requests each, concurrency {args.concurrency}, "
-        f"{'PostgreSQL' if args.url else 'SQLite'}, "
-        f"{args.seed_messages} seeded messages:\n"
-        f"  gateway: {med('gateway', 0):.1f} turns/s, p50 {med('gateway', 1):.2f} ms, p99 {med('gateway', 2):.2f} ms\n"
-        f"  echo:    {med('echo', 0):.1f} req/s,   p50 {med('echo', 1):.2f} ms, p99 {med('echo', 2):.2f} ms\n"
-        f"  throughput ratio gateway/echo: {statistics.median(ratios):.2f} (target >= 0.40); "
-        f"gateway p99 target < 25 ms"
+        f"\nmedian of {args.runs} runs, {args.requests} requests each, "
+        f"{'PostgreSQL' if args.postgres else 'SQLite'}, {args.seed_messages} seeded messages:"
     )
+    for clients in levels:
+        echo_tps = med(("echo", clients), 0)
+        print(f"  {clients} client(s): echo {echo_tps:.1f} req/s")
+        for g in gateways:
+            key = (g.name, clients)
+            ratio = statistics.median(
+                r[0] / e[0] for r, e in zip(results[key], results[("echo", clients)], strict=True)
+            )
+            print(
+                f"    {g.name:8s} {med(key, 0):7.1f} turns/s, p50 {med(key, 1):.2f} ms, p99 {med(key, 2):.2f} ms, "
+                f"CPU {med(key, 3):.2f} ms/turn, ratio to echo {ratio:.3f}"
+            )
+        if len(gateways) == 2:
+            speedup = med(("this", clients), 0) / med(("baseline", clients), 0)
+            print(f"    this/baseline turns/s: {speedup:.2f}x")
+    print("  targets: CPU <= 1.0 ms/turn, ratio >= 0.20 (SQLite), p99 < 10 ms (1 client), < 25 ms (8)")
 
 
 if __name__ == "__main__":

@@ -11,45 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import aliased
 
 from gateway.models import Message, Session
-
-
-async def unanswered_or_reply(
-    conn: AsyncConnection, session_id: str, platform_message_id: str, reply_requested: bool
-) -> tuple[int | None, str | None]:
-    """For a message id already stored: (row id to answer now, None) or (None, its stored reply or None).
-
-    A retry that asks for an answer turns a store-only message into one that is
-    owed an answer; a retry of an answered message gets the stored reply.
-    """
-    msgs = Message.__table__
-    row = (
-        await conn.execute(
-            select(msgs.c.id, msgs.c.reply_requested).where(
-                msgs.c.session_id == session_id,
-                msgs.c.is_agent.is_(False),
-                msgs.c.platform_message_id == platform_message_id,
-            )
-        )
-    ).one()
-    reply = (await conn.execute(select(msgs.c.text).where(msgs.c.reply_to_id == row.id))).scalar_one_or_none()
-    if reply is not None or not reply_requested:
-        return None, reply
-    if not row.reply_requested:
-        await conn.execute(update(Message).where(Message.id == row.id).values(reply_requested=True))
-    return row.id, None
-
-
-async def stored_reply(engine: AsyncEngine, message_row_id: int) -> str | None:
-    """The reply stored for a message row, if any."""
-    async with engine.connect() as conn:
-        return (
-            await conn.execute(select(Message.text).where(Message.reply_to_id == message_row_id))
-        ).scalar_one_or_none()
 
 
 @dataclass(frozen=True, slots=True)

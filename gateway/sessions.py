@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from gateway.models import Archive, Job, Message, Session, TurnRecord
-from gateway.replies import unanswered_or_reply
+from gateway.models import Archive, Job, Message, Session
+from hotstore import hot_store
+from hotstore.base import NewMessage, TrimSession, TrimWrite, TurnMessage, TurnRecordRow
 from memory.archive_format import render_archive_markdown
 from memory.types import SliceMessage
 from pairing.principal import Principal, PrincipalKind, Role
@@ -131,7 +132,7 @@ def principal_from_json(d: dict[str, Any]) -> Principal:
 
 
 def render_archive(
-    session: Session, archive_id: str, messages: Sequence[StoredMessage], trust: str, summary: str
+    session: Session | TrimSession, archive_id: str, messages: Sequence[StoredMessage], trust: str, summary: str
 ) -> str:
     """The markdown document of a trimmed slice: every field escaped, one line per message.
 
@@ -180,6 +181,7 @@ class SessionStore:
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
         self._clock = clock or (lambda: datetime.now(UTC))
         self._dialect = engine.dialect.name
+        self._hot = hot_store(engine)
 
     def now(self) -> datetime:
         """The store's clock."""
@@ -241,74 +243,35 @@ class SessionStore:
     ) -> TurnStart:
         """Find or create the session, store the message once, and read what the prompt needs.
 
-        One transaction on the hot path of every turn (Core statements, no ORM):
+        One transaction on the hot path of every turn (the hot store's driver SQL, no SQLAlchemy):
         fewer round trips is most of what a turn costs on SQLite. A message
         already stored comes back as a duplicate with its stored reply, or, when
         it asked for an answer and never got one (the process died mid-turn, the
         model was down), as ``resumed`` so the caller answers it now.
         """
-        sess, msgs = Session.__table__, Message.__table__
-        thread = key.thread_id or ""
-        async with self.engine.begin() as conn:
-            where = (sess.c.channel == key.channel) & (sess.c.conversation_id == key.conversation_id)
-            where &= sess.c.thread_id == thread
-            row = (await conn.execute(select(sess.c.id, sess.c.previous_context).where(where))).first()
-            if row is None:
-                now = self.now()
-                await conn.execute(
-                    self._insert(sess)
-                    .values(
-                        id="s_" + secrets.token_hex(8),
-                        channel=key.channel,
-                        conversation_id=key.conversation_id,
-                        thread_id=thread,
-                        parent_conversation_id=key.parent_conversation_id,
-                        previous_context="",
-                        created_at=now,
-                        updated_at=now,
-                    )
-                    .on_conflict_do_nothing(index_elements=["channel", "conversation_id", "thread_id"])
-                )
-                row = (await conn.execute(select(sess.c.id, sess.c.previous_context).where(where))).one()
-            session_id, previous = row.id, row.previous_context
-            new_id = (
-                await conn.execute(
-                    self._insert(msgs)
-                    .values(
-                        session_id=session_id,
-                        platform_message_id=platform_message_id,
-                        speaker_user_id=speaker.user_id,
-                        stored_role=speaker.stored_role,
-                        display_name=display_name,
-                        text=text,
-                        said_at=said_at,
-                        is_agent=False,
-                        created_at=self.now(),
-                        reply_requested=reply_requested,
-                    )
-                    .on_conflict_do_nothing(index_elements=["session_id", "is_agent", "platform_message_id"])
-                    .returning(msgs.c.id)
-                )
-            ).scalar_one_or_none()
-            resumed = False
-            if new_id is None:
-                to_answer, reply = await unanswered_or_reply(conn, session_id, platform_message_id, reply_requested)
-                if to_answer is None:
-                    return TurnStart(session_id, None, [], previous, reply=reply)
-                new_id, resumed = to_answer, True
-            rows = (
-                await conn.execute(
-                    select(msgs)
-                    .where(msgs.c.session_id == session_id, msgs.c.archive_id.is_(None), msgs.c.id <= new_id)
-                    .order_by(msgs.c.id.desc())
-                    .limit(history_limit)
-                )
-            ).all()
-            if resumed and (not rows or rows[0].id != new_id):
-                # Already trimmed into an archive: answer it with what is still live.
-                rows = [(await conn.execute(select(msgs).where(msgs.c.id == new_id))).one(), *rows]
-        history = [stored_message(r) for r in reversed(rows)]
-        if resumed:
+        start = await self._hot.begin_turn(
+            TurnMessage(
+                channel=key.channel,
+                conversation_id=key.conversation_id,
+                thread_id=key.thread_id or "",
+                parent_conversation_id=key.parent_conversation_id,
+                new_session_id="s_" + secrets.token_hex(8),
+                platform_message_id=platform_message_id,
+                speaker_user_id=speaker.user_id,
+                stored_role=speaker.stored_role,
+                display_name=display_name,
+                text=text,
+                said_at=said_at,
+                now=self.now(),
+                history_limit=history_limit,
+                reply_requested=reply_requested,
+            )
+        )
+        session_id, previous, new_id = start.session_id, start.previous_context, start.message_id
+        if new_id is None:
+            return TurnStart(session_id, None, [], previous, reply=start.reply)
+        history = [StoredMessage(*r) for r in reversed(start.rows)]
+        if start.resumed:
             current = next(m for m in history if m.id == new_id)
             history = [m for m in history if m.id != new_id] + [current]
             return TurnStart(session_id, current, history, previous, resumed=True)
@@ -349,50 +312,41 @@ class SessionStore:
         """
         user_id = speaker.user_id if speaker is not None and not is_agent else None
         role = speaker.stored_role if speaker is not None and not is_agent else None
-        msgs = Message.__table__
-        async with self.engine.begin() as conn:
-            stmt = (
-                self._insert(msgs)
-                .values(
-                    session_id=session_id,
-                    platform_message_id=platform_message_id,
-                    speaker_user_id=user_id,
-                    stored_role=role,
-                    display_name=display_name,
-                    text=text,
-                    said_at=said_at,
-                    is_agent=is_agent,
-                    created_at=self.now(),
-                    reply_to_id=reply_to,
-                )
-                .on_conflict_do_nothing()
-                .returning(msgs.c.id)
+        record = None
+        if explanation is not None:
+            record = TurnRecordRow(
+                message_id=answers or "",
+                speaker_user_id=answered.user_id if answered else None,
+                stored_role=answered.stored_role if answered else None,
+                memory=explanation.memory,
+                sections=explanation.sections,
+                model_calls=explanation.model_calls,
             )
-            new_id = (await conn.execute(stmt)).scalar_one_or_none()
-            if new_id is None:
-                return None
-            record_id = None
-            if explanation is not None:
-                record_id = (
-                    await conn.execute(
-                        insert(TurnRecord)
-                        .values(
-                            session_id=session_id,
-                            message_id=answers or "",
-                            reply_message_id=platform_message_id,
-                            at=said_at,
-                            speaker_user_id=answered.user_id if answered else None,
-                            stored_role=answered.stored_role if answered else None,
-                            memory=explanation.memory,
-                            sections=explanation.sections,
-                            model_calls=explanation.model_calls,
-                        )
-                        .returning(TurnRecord.id)
-                    )
-                ).scalar_one()
+        stored = await self._hot.store_message(
+            NewMessage(
+                session_id=session_id,
+                platform_message_id=platform_message_id,
+                speaker_user_id=user_id,
+                stored_role=role,
+                display_name=display_name,
+                text=text,
+                said_at=said_at,
+                is_agent=is_agent,
+                created_at=self.now(),
+                reply_to=reply_to,
+                record=record,
+            )
+        )
+        if stored is None:
+            return None
+        new_id, record_id = stored
         return StoredMessage(
             new_id, session_id, platform_message_id, user_id, role, display_name, text, said_at, is_agent, record_id
         )
+
+    async def stored_reply(self, message_row_id: int) -> str | None:
+        """The reply stored for a message row, if any."""
+        return await self._hot.stored_reply(message_row_id)
 
     async def history(self, session_id: str, *, limit: int | None = None) -> list[StoredMessage]:
         """The session's untrimmed messages, oldest first (the newest ``limit`` if given)."""
@@ -458,67 +412,46 @@ class SessionStore:
         slice, so a crash in between leaves the history as it was and a rerun
         makes no duplicate. ``_crash_after`` exists for the crash tests only.
         """
-        async with self._sessions.begin() as s:
-            session = await s.get(Session, session_id, with_for_update=True)
-            if session is None:
+        planned: list[TrimWrite] = []
+
+        def plan(session: TrimSession, live_rows: list[tuple[Any, ...]]) -> TrimWrite | None:
+            if len(live_rows) <= max_messages:
                 return None
-            live = (
-                await s.scalars(
-                    select(Message)
-                    .where(Message.session_id == session_id, Message.archive_id.is_(None))
-                    .order_by(Message.id)
-                )
-            ).all()
-            if len(live) <= max_messages:
-                return None
-            cut = [stored_message(m) for m in live[: len(live) - keep_messages]]
+            cut = [StoredMessage(*r) for r in live_rows[: len(live_rows) - keep_messages]]
             archive_id = "a_" + secrets.token_hex(8)
-            now = self.now()
             summary = summarize(cut)
             trust = trust_of([m.as_slice() for m in cut])
-            await s.execute(update(Message).where(Message.id.in_([m.id for m in cut])).values(archive_id=archive_id))
-            if _crash_after == "mark":
-                raise RuntimeError("simulated crash after marking the slice")
-            s.add(
-                Archive(
-                    id=archive_id,
-                    session_id=session_id,
-                    created_at=now,
-                    start_at=cut[0].said_at,
-                    end_at=cut[-1].said_at,
-                    trust=trust,
-                    message_count=len(cut),
-                    summary=summary,
-                    markdown=render_archive(session, archive_id, cut, trust, summary),
-                )
-            )
-            if _crash_after == "archive":
-                raise RuntimeError("simulated crash after writing the archive")
-            context = (session.previous_context + "\n" + summary).strip()
-            session.previous_context = context[-context_chars:]
             # The idle sweep may have extracted the slice's older messages already: the job
             # extracts only what lies after the mark (the archive still holds the whole slice).
             extracted_through = session.extracted_through or 0
-            session.extracted_through = max(extracted_through, cut[-1].id)
-            job = Job(
-                kind="extract",
-                payload={
+            write = TrimWrite(
+                message_ids=[m.id for m in cut],
+                archive_id=archive_id,
+                created_at=self.now(),
+                start_at=cut[0].said_at,
+                end_at=cut[-1].said_at,
+                trust=trust,
+                summary=summary,
+                markdown=render_archive(session, archive_id, cut, trust, summary),
+                previous_context=(session.previous_context + "\n" + summary).strip()[-context_chars:],
+                extracted_through=max(extracted_through, cut[-1].id),
+                job_payload={
                     "session_id": session_id,
                     "archive_id": archive_id,
                     "turn_principal": principal_json(turn_principal),
                     "summary": summary,
                     "after_message_id": extracted_through,
                 },
-                status="pending",
-                attempts=0,
-                run_after=now,
-                created_at=now,
+                crash_after=_crash_after,
             )
-            s.add(job)
-            await s.flush()
-            if _crash_after == "job":
-                raise RuntimeError("simulated crash after writing the job")
-            return TrimResult(archive_id, job.id, len(cut), trust, summary)
+            planned.append(write)
+            return write
+
+        job_id = await self._hot.trim(session_id, plan)
+        if job_id is None:
+            return None
+        done = planned[-1]  # a retry after a busy database plans again; the last plan is what was written
+        return TrimResult(done.archive_id, job_id, len(done.message_ids), done.trust, done.summary)
 
     async def archive_messages(self, archive_id: str) -> list[StoredMessage]:
         """The messages of one trimmed slice, oldest first."""

@@ -16,7 +16,6 @@ from gateway.llm.base import ChatMessage, DeltaSink, LLMProvider, LLMUnavailable
 from gateway.llm.limit import ModelCallLimit
 from gateway.metrics import Metrics
 from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, learning_line, safe_name
-from gateway.replies import stored_reply
 from gateway.sessions import SessionKey, SessionStore, StoredMessage, TrimResult
 from memory.types import SliceMessage
 from pairing.principal import SYSTEM_PRINCIPALS, Principal
@@ -432,7 +431,7 @@ class TurnHandler:
             answered=req.principal,
         )
         if row is None:
-            return await stored_reply(self.sessions.engine, stored.id) or text, None
+            return await self.sessions.stored_reply(stored.id) or text, None
         return text, row.turn_record_id
 
     async def _trim(self, session_id: str, principal: Principal) -> TrimResult | None:

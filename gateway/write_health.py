@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ def storage_reason(exc: BaseException) -> str | None:
     if isinstance(exc, ConnectionRefusedError):
         return "the database server refuses connections"
     if not isinstance(exc, DBAPIError):
-        return None
+        return _driver_reason(exc)
     orig = getattr(exc, "orig", None)
     state = str(getattr(orig, "sqlstate", "") or getattr(orig, "pgcode", "") or "")
     detail = (str(orig or exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -67,6 +68,25 @@ def storage_reason(exc: BaseException) -> str | None:
     if exc.connection_invalidated:
         return detail
     return None
+
+
+def _driver_reason(exc: BaseException) -> str | None:
+    """The same judgement for the raw drivers the hot path uses (``sqlite3``, ``asyncpg``)."""
+    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, sqlite3.Error):
+        if isinstance(exc, sqlite3.OperationalError | sqlite3.InterfaceError) or any(
+            w in detail.lower() for w in _SQLITE_WRITE_WORDS
+        ):
+            return detail
+        return None
+    if not type(exc).__module__.startswith("asyncpg"):
+        return None
+    state = str(getattr(exc, "sqlstate", "") or "")
+    if state:
+        return detail if state.startswith(_PG_WRITE_STATES) else None
+    # No SQLSTATE and not bad input (asyncpg's DataError is a ValueError): the connection
+    # itself failed (closed by the server, the pool closing, a broken protocol).
+    return None if isinstance(exc, ValueError | TypeError) else detail
 
 
 @dataclass(slots=True)

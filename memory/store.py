@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     ColumnElement,
     Float,
     Integer,
@@ -38,6 +39,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
+from hotstore import hot_store
+from hotstore.base import DATETIME, JSON_VALUE
 from memory.gate import GateDecision
 from memory.models import (
     CAUSES,
@@ -389,6 +392,40 @@ def _candidates_statement(with_words: bool, with_user: bool) -> Any:
     return union_all(*(select(p.subquery()) for p in parts))
 
 
+_CANDIDATE_NAMES = (*(c.key for c in MemoryRecord.__table__.columns), "score", "part")
+
+
+def _column_kind(col: Any) -> str | None:
+    if isinstance(col.type, UTCDateTime):
+        return DATETIME
+    if isinstance(col.type, JSON):
+        return JSON_VALUE
+    return None
+
+
+_CANDIDATE_KINDS = (*(_column_kind(c) for c in MemoryRecord.__table__.columns), None, None)
+_CANDIDATE_PARAMS = frozenset({"now", "recent_limit", "matched_limit", "user_id", "personal_limit", "words"})
+
+
+@lru_cache(maxsize=64)
+def _candidates_sql(dialect: Any, with_words: bool, with_user: bool, n_words: int) -> tuple[str, tuple[str, ...], dict]:
+    """``_candidates_statement`` compiled once per shape and word count into the driver's own SQL.
+
+    The statement stays the one SQLAlchemy expression above; the hot store runs
+    its text (its parameter names in order, and the values of its literals).
+    """
+    sample: dict[str, Any] = {"now": datetime.now(UTC), "recent_limit": 0, "matched_limit": 0}
+    sample.update(user_id="", personal_limit=0, words=[""] * n_words)
+    expanded = _candidates_statement(with_words, with_user).compile(dialect=dialect).construct_expanded_state(sample)
+    names = tuple(expanded.positiontup or ())
+    fixed = {
+        k: v
+        for k, v in expanded.parameters.items()
+        if k not in _CANDIDATE_PARAMS and not (k.startswith("words_") and k[6:].isdigit())
+    }
+    return expanded.statement, names, fixed
+
+
 class MemoryStore:
     """Reads and writes memory records on SQLite or PostgreSQL.
 
@@ -398,6 +435,7 @@ class MemoryStore:
 
     def __init__(self, engine: AsyncEngine, *, clock: Callable[[], datetime] | None = None) -> None:
         self._engine = engine
+        self._hot = hot_store(engine)
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
         self._clock = clock or (lambda: datetime.now(UTC))
 
@@ -1206,7 +1244,8 @@ class MemoryStore:
         """The bounded candidate set a turn's prompt chooses from, in ONE statement.
 
         Three parts, each an indexed query with its own limit, joined by UNION ALL
-        (on SQLite most of a read's cost is the round trip, not the query):
+        (on SQLite most of a read's cost is the round trip, not the query); it runs on the
+        hot store's driver (``_candidates_sql``):
 
         - ``match``: live, current notes sharing terms with the conversation, scored
           in SQL as the sum of ``1/df`` over the shared terms (an idf weight: rare
@@ -1222,19 +1261,20 @@ class MemoryStore:
             params.update(words=words, matched_limit=matched_limit)
         if user_id:
             params.update(user_id=user_id, personal_limit=personal_limit)
-        stmt = _candidates_statement(bool(words), bool(user_id))
+        sql, names, fixed = _candidates_sql(self._engine.dialect, bool(words), bool(user_id), len(words))
+        values = fixed | params | {f"words_{i}": w for i, w in enumerate(words, 1)}
         matched: list[tuple[MemoryRecordView, float]] = []
         recent: list[MemoryRecordView] = []
         personal: list[MemoryRecordView] = []
-        async with self._read() as conn:
-            for row in await conn.execute(stmt, params):
-                view = _view(row)
-                if row.part == "match":
-                    matched.append((view, float(row.score)))
-                elif row.part == "recent":
-                    recent.append(view)
-                else:
-                    personal.append(view)
+        for row in await self._hot.select(sql, [values[n] for n in names], _CANDIDATE_KINDS):
+            view = _view(dict(zip(_CANDIDATE_NAMES, row, strict=True)))
+            part = row[-1]
+            if part == "match":
+                matched.append((view, float(row[-2])))
+            elif part == "recent":
+                recent.append(view)
+            else:
+                personal.append(view)
         # UNION ALL keeps no order across parts; each part's own order is restored here.
         matched.sort(key=lambda p: (-p[1], -p[0].said_at.timestamp(), p[0].id))
         recent.sort(key=lambda v: (-v.said_at.timestamp(), v.id))

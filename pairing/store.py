@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from hotstore import hot_store
 from pairing.models import Identity, LinkCode, PairingAudit, PairingNotice, PairingRequest, RoleChange, User
 from pairing.notices import paired_text
 from pairing.principal import Principal, Role
@@ -109,6 +110,7 @@ class PairingStore:
     def __init__(self, engine: AsyncEngine, *, clock: Callable[[], datetime] | None = None) -> None:
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
         self._clock = clock or (lambda: datetime.now(UTC))
+        self._hot = hot_store(engine)
 
     def now(self) -> datetime:
         """The store's clock (injectable for tests)."""
@@ -199,29 +201,25 @@ class PairingStore:
         return await self.get_user(user_id)
 
     async def resolve(self, channel: str, platform_user_id: str, display_name: str = "") -> Principal | None:
-        """The paired person behind a platform identity, with their stored role; None if unpaired."""
-        async with self._sessions() as s:
-            row = (
-                await s.execute(
-                    select(User)
-                    .join(Identity, Identity.user_id == User.id)
-                    .where(Identity.channel == channel, Identity.platform_user_id == platform_user_id)
-                )
-            ).scalar_one_or_none()
-            if row is None:
-                return None
-            return Principal.human(row.id, Role(row.role), display_name or row.display_name)
+        """The paired person behind a platform identity, with their stored role; None if unpaired.
+
+        Read on every message, never cached: a role change takes effect at once.
+        """
+        row = await self._hot.identity_role(channel, platform_user_id)
+        if row is None:
+            return None
+        user_id, role, name = row
+        return Principal.human(user_id, Role(role), display_name or name)
 
     async def principal_for_user(self, user_id: str) -> Principal:
         """The principal of a unified user id (API tokens, `goclaw chat --as`).
 
         Read on every request, never cached: a role change takes effect at once.
         """
-        async with self._sessions() as s:
-            row = (await s.execute(select(User.role, User.display_name).where(User.id == user_id))).first()
+        row = await self._hot.user_role(user_id)
         if row is None:
             raise PairingError(f"no user {user_id!r}: see 'goclaw users list'")
-        return Principal.human(user_id, Role(row.role), row.display_name)
+        return Principal.human(user_id, Role(row[0]), row[1])
 
     # ---- pairing codes -------------------------------------------------------
 

@@ -112,7 +112,11 @@ async def _send(run: Run, http: aiohttp.ClientSession, token: str, session: str,
     """Send until answered; every retry carries the same message id."""
     body = {"session": session, "text": text, "message_id": mid}
     headers = {"Authorization": f"Bearer {token}"}
-    for _attempt in range(200):
+    # A deadline, not a count of attempts: on a busy machine each restart takes seconds, and a
+    # message may meet several restarts in a row (faster turns mean shorter lives between kills).
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 120
+    while loop.time() < deadline:
         try:
             async with http.post(f"http://127.0.0.1:{run.port}/v1/chat", json=body, headers=headers) as r:
                 payload: dict[str, Any] = await r.json(content_type=None)

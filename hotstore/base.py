@@ -1,0 +1,173 @@
+"""The hot store's interface: the few statements every turn runs, on the raw driver.
+
+DESIGN.md: the hot path of a turn (auth, begin turn, history, memory
+candidates, store reply) is the one place where driver SQL is preferred over
+SQLAlchemy. Each operation is one round of statements in one transaction; the
+stores (``SessionStore``, ``PairingStore``, ``MemoryStore``) keep their
+signatures and call these, so every caller gets the same path. The SQL here
+reads and writes the tables that Alembic creates, in the same stored forms
+SQLAlchemy uses (``tests/gateway/test_hot_store.py`` checks both ways).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+# Column kinds a raw row's values are decoded by (SQLite stores datetimes and JSON as text).
+DATETIME = "datetime"
+JSON_VALUE = "json"
+BOOL = "bool"
+
+
+@dataclass(frozen=True, slots=True)
+class TurnMessage:
+    """The inbound message of a turn and where it was said (the input of ``begin_turn``)."""
+
+    channel: str
+    conversation_id: str
+    thread_id: str
+    parent_conversation_id: str | None
+    new_session_id: str  # used only if the session does not exist yet
+    platform_message_id: str
+    speaker_user_id: str | None
+    stored_role: str | None
+    display_name: str
+    text: str
+    said_at: datetime
+    now: datetime
+    history_limit: int
+    reply_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRows:
+    """What ``begin_turn`` read and wrote: raw message tuples in ``sql.MESSAGE_SELECT`` order.
+
+    ``message_id`` is None when the message was stored before and needs no
+    answer (then ``reply`` is its stored reply, if any); ``resumed`` when it was
+    stored before, asked for an answer and never got one. ``rows`` are the
+    session's untrimmed messages up to ``message_id``, newest first (the
+    message itself first even when a trim archived it).
+    """
+
+    session_id: str
+    previous_context: str
+    message_id: int | None
+    rows: list[tuple[Any, ...]]
+    reply: str | None = None
+    resumed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecordRow:
+    """A turn's explanation, stored with its reply."""
+
+    message_id: str
+    speaker_user_id: str | None
+    stored_role: str | None
+    memory: list[Any]
+    sections: dict[str, Any]
+    model_calls: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message to store once (an agent reply names the row it answers)."""
+
+    session_id: str
+    platform_message_id: str
+    speaker_user_id: str | None
+    stored_role: str | None
+    display_name: str
+    text: str
+    said_at: datetime
+    is_agent: bool
+    created_at: datetime
+    reply_to: int | None
+    record: TurnRecordRow | None
+
+
+@dataclass(frozen=True, slots=True)
+class TrimSession:
+    """The session row a trim reads (locked for the transaction)."""
+
+    id: str
+    channel: str
+    conversation_id: str
+    thread_id: str
+    previous_context: str
+    extracted_through: int
+
+
+@dataclass(frozen=True, slots=True)
+class TrimWrite:
+    """What one trim writes, planned from the session and its live messages (``TrimPlan``)."""
+
+    message_ids: list[int]  # the slice, marked with ``archive_id``
+    archive_id: str
+    created_at: datetime
+    start_at: datetime
+    end_at: datetime
+    trust: str
+    summary: str
+    markdown: str
+    previous_context: str
+    extracted_through: int
+    job_payload: dict[str, Any]
+    crash_after: str | None = None  # the crash tests only: "mark", "archive" or "job"
+
+
+TrimPlan = Callable[[TrimSession, list[tuple[Any, ...]]], TrimWrite | None]
+"""Given the session and its live messages (``sql.MESSAGE_SELECT`` tuples, oldest first): the write, or None."""
+
+
+def crash_point(w: TrimWrite, step: str) -> None:
+    """Fail inside the trim's transaction after ``step`` (the crash tests' switch; never set otherwise)."""
+    if w.crash_after == step:
+        raise RuntimeError(f"simulated crash after {CRASH_STEPS[step]}")
+
+
+CRASH_STEPS = {"mark": "marking the slice", "archive": "writing the archive", "job": "writing the job"}
+
+
+class HotStore(abc.ABC):
+    """The hot path's statements on one database; one instance per engine (see ``hot_store``)."""
+
+    @abc.abstractmethod
+    async def user_role(self, user_id: str) -> tuple[str, str] | None:
+        """(role, display name) of a unified user, read now (never cached), or None."""
+
+    @abc.abstractmethod
+    async def identity_role(self, channel: str, platform_user_id: str) -> tuple[str, str, str] | None:
+        """(user id, role, display name) of the person behind a platform identity, or None."""
+
+    @abc.abstractmethod
+    async def begin_turn(self, m: TurnMessage) -> TurnRows:
+        """Find or create the session, store the message once, read the history: one transaction."""
+
+    @abc.abstractmethod
+    async def store_message(self, m: NewMessage) -> tuple[int, int | None] | None:
+        """Insert a message (and its turn record) in one transaction: (row id, record id), or None if stored."""
+
+    @abc.abstractmethod
+    async def stored_reply(self, message_row_id: int) -> str | None:
+        """The reply stored for a message row, if any."""
+
+    @abc.abstractmethod
+    async def trim(self, session_id: str, plan: TrimPlan) -> int | None:
+        """One trim in one transaction: lock the session, read its live messages, write ``plan``'s result.
+
+        Returns the extraction job's id, or None when there was nothing to trim.
+        """
+
+    @abc.abstractmethod
+    async def select(self, sql: str, args: Sequence[Any], kinds: Sequence[str | None]) -> list[tuple[Any, ...]]:
+        """Run one read statement in the driver's paramstyle; values decoded by ``kinds`` (one per column)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Close the connection or pool (reopened on next use)."""

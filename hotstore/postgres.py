@@ -1,0 +1,237 @@
+"""The hot store on PostgreSQL: an asyncpg pool of its own, prepared statements, no pre-ping.
+
+Each operation is one pool checkout and (for a write) one transaction; asyncpg
+prepares each statement once per connection (its statement cache), so a turn
+costs its statements' round trips and nothing else. A connection the server
+dropped raises on use, which the gateway answers 503 (``storage_reason``); the
+pool replaces it on the next checkout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from hotstore import sql
+from hotstore.base import (
+    HotStore,
+    NewMessage,
+    TrimPlan,
+    TrimSession,
+    TurnMessage,
+    TurnRows,
+    crash_point,
+)
+from hotstore.sql import numbered
+
+DEFAULT_POOL_SIZE = 10
+
+_FIND_SESSION, _NEW_SESSION, _NEW_MESSAGE = (numbered(q) for q in (sql.FIND_SESSION, sql.NEW_SESSION, sql.NEW_MESSAGE))
+_OLD_MESSAGE, _ASK_REPLY, _REPLY = (numbered(q) for q in (sql.OLD_MESSAGE, sql.ASK_REPLY, sql.REPLY))
+_HISTORY, _MESSAGE_BY_ID = numbered(sql.HISTORY), numbered(sql.MESSAGE_BY_ID)
+_STORE, _TURN_RECORD, _USER_ROLE, _IDENTITY_ROLE = (
+    numbered(q) for q in (sql.STORE, sql.TURN_RECORD, sql.USER_ROLE, sql.IDENTITY_ROLE)
+)
+_TRIM_SESSION = numbered(sql.TRIM_SESSION) + " FOR UPDATE"
+_LIVE, _ARCHIVE, _TRIMMED_SESSION, _EXTRACT_JOB = (
+    numbered(q) for q in (sql.LIVE, sql.ARCHIVE, sql.TRIMMED_SESSION, sql.EXTRACT_JOB)
+)
+_MARK = "UPDATE messages SET archive_id = $1 WHERE id = ANY($2::integer[])"
+
+
+def _aware(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("naive datetime given to the database; use datetime.now(UTC)")
+    return value
+
+
+async def _init_connection(conn: Any) -> None:
+    # JSON columns (sa.JSON) in and out as Python values, as SQLAlchemy's dialect does.
+    await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def _reset_connection(conn: Any) -> None:
+    # asyncpg resets every connection returned to the pool (advisory locks, cursors, LISTEN, SET):
+    # a round trip per checkout. These statements leave no such state; only a transaction cut
+    # short (a cancelled task) needs undoing, and Connection.reset does that.
+    if conn.is_in_transaction():
+        await conn.reset()
+
+
+class PostgresHotStore(HotStore):
+    """The hot path on an asyncpg pool (created on first use, closed by ``close``)."""
+
+    def __init__(self, dsn: str, *, max_size: int = DEFAULT_POOL_SIZE) -> None:
+        self.dsn = dsn
+        self.max_size = max_size
+        self._pool: Any = None
+        self._pid = 0
+        self._opening: asyncio.Lock | None = None
+
+    async def _get_pool(self) -> Any:
+        pool = self._pool
+        if pool is not None and self._pid == os.getpid():
+            return pool
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:
+            if self._pool is None or self._pid != os.getpid():
+                import asyncpg
+
+                self._pool = await asyncpg.create_pool(
+                    self.dsn, min_size=1, max_size=self.max_size, init=_init_connection, reset=_reset_connection
+                )
+                self._pid = os.getpid()
+            return self._pool
+
+    async def close(self) -> None:
+        """Close the pool (the next use opens a new one)."""
+        pool, self._pool = self._pool, None
+        if pool is not None and self._pid == os.getpid():
+            try:
+                await asyncio.wait_for(pool.close(), timeout=10)
+            except (TimeoutError, asyncio.CancelledError):
+                pool.terminate()
+                raise
+
+    def terminate(self) -> None:
+        """Drop the pool's connections at once (when awaiting is impossible)."""
+        pool, self._pool = self._pool, None
+        if pool is not None and self._pid == os.getpid():
+            pool.terminate()
+
+    async def user_role(self, user_id: str) -> tuple[str, str] | None:
+        """(role, display name) of a unified user, or None."""
+        pool = await self._get_pool()
+        row = await pool.fetchrow(_USER_ROLE, user_id)
+        return (row[0], row[1]) if row else None
+
+    async def identity_role(self, channel: str, platform_user_id: str) -> tuple[str, str, str] | None:
+        """(user id, role, display name) behind a platform identity, or None."""
+        pool = await self._get_pool()
+        row = await pool.fetchrow(_IDENTITY_ROLE, channel, platform_user_id)
+        return (row[0], row[1], row[2]) if row else None
+
+    async def begin_turn(self, m: TurnMessage) -> TurnRows:
+        """Find or create the session, store the message once, read the history: one transaction."""
+        pool = await self._get_pool()
+        key = (m.channel, m.conversation_id, m.thread_id)
+        async with pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(_FIND_SESSION, *key)
+            if row is None:
+                now = _aware(m.now)
+                await conn.execute(_NEW_SESSION, m.new_session_id, *key, m.parent_conversation_id, now, now)
+                row = await conn.fetchrow(_FIND_SESSION, *key)
+            session_id, previous = row[0], row[1]
+            new_id = await conn.fetchval(
+                _NEW_MESSAGE,
+                session_id,
+                m.platform_message_id,
+                m.speaker_user_id,
+                m.stored_role,
+                m.display_name,
+                m.text,
+                _aware(m.said_at),
+                _aware(m.now),
+                m.reply_requested,
+            )
+            resumed = False
+            if new_id is None:
+                old = await conn.fetchrow(_OLD_MESSAGE, session_id, m.platform_message_id)
+                reply = await conn.fetchval(_REPLY, old[0])
+                if reply is not None or not m.reply_requested:
+                    return TurnRows(session_id, previous, None, [], reply=reply)
+                if not old[1]:
+                    await conn.execute(_ASK_REPLY, old[0])
+                new_id, resumed = old[0], True
+            rows = [tuple(r) for r in await conn.fetch(_HISTORY, session_id, new_id, m.history_limit)]
+            if resumed and (not rows or rows[0][0] != new_id):
+                # Already trimmed into an archive: answer it with what is still live.
+                rows.insert(0, tuple(await conn.fetchrow(_MESSAGE_BY_ID, new_id)))
+        return TurnRows(session_id, previous, new_id, rows, resumed=resumed)
+
+    async def store_message(self, m: NewMessage) -> tuple[int, int | None] | None:
+        """Insert a message and its turn record in one transaction; None if it was stored before."""
+        pool = await self._get_pool()
+        async with pool.acquire() as conn, conn.transaction():
+            new_id = await conn.fetchval(
+                _STORE,
+                m.session_id,
+                m.platform_message_id,
+                m.speaker_user_id,
+                m.stored_role,
+                m.display_name,
+                m.text,
+                _aware(m.said_at),
+                m.is_agent,
+                _aware(m.created_at),
+                m.reply_to,
+            )
+            if new_id is None:
+                return None
+            record_id = None
+            if (r := m.record) is not None:
+                record_id = await conn.fetchval(
+                    _TURN_RECORD,
+                    m.session_id,
+                    r.message_id,
+                    m.platform_message_id,
+                    m.said_at,
+                    r.speaker_user_id,
+                    r.stored_role,
+                    r.memory,
+                    r.sections,
+                    r.model_calls,
+                )
+        return new_id, record_id
+
+    async def stored_reply(self, message_row_id: int) -> str | None:
+        """The reply stored for a message row, if any."""
+        pool = await self._get_pool()
+        return await pool.fetchval(_REPLY, message_row_id)
+
+    async def trim(self, session_id: str, plan: TrimPlan) -> int | None:
+        """One trim in one transaction (the session row locked ``FOR UPDATE``)."""
+        pool = await self._get_pool()
+        async with pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(_TRIM_SESSION, session_id)
+            if row is None:
+                return None
+            live = [tuple(r) for r in await conn.fetch(_LIVE, session_id)]
+            w = plan(TrimSession(*row), live)
+            if w is None:
+                return None
+            await conn.execute(_MARK, w.archive_id, w.message_ids)
+            crash_point(w, "mark")
+            await conn.execute(
+                _ARCHIVE,
+                w.archive_id,
+                session_id,
+                _aware(w.created_at),
+                _aware(w.start_at),
+                _aware(w.end_at),
+                w.trust,
+                len(w.message_ids),
+                w.summary,
+                w.markdown,
+            )
+            crash_point(w, "archive")
+            await conn.execute(
+                _TRIMMED_SESSION,
+                w.previous_context,
+                w.extracted_through,
+                session_id,
+            )
+            created = _aware(w.created_at)
+            job_id = await conn.fetchval(_EXTRACT_JOB, w.job_payload, created, created)
+            crash_point(w, "job")
+        return int(job_id)
+
+    async def select(self, sql: str, args: Sequence[Any], kinds: Sequence[str | None]) -> list[tuple[Any, ...]]:
+        """One read statement (``$n`` parameters; asyncpg decodes every column itself)."""
+        pool = await self._get_pool()
+        return [tuple(r) for r in await pool.fetch(sql, *args)]

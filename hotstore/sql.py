@@ -1,0 +1,65 @@
+"""The hot path's statements, written once with ``?`` parameters (``numbered`` gives PostgreSQL's ``$n``).
+
+Booleans are the SQL literals TRUE/FALSE (SQLite stores them as 1/0, as
+SQLAlchemy does); every table and column is the one Alembic created.
+"""
+
+from __future__ import annotations
+
+import re
+
+MESSAGE_SELECT = (
+    "SELECT id, session_id, platform_message_id, speaker_user_id, stored_role, display_name, text, said_at, is_agent"
+    " FROM messages"
+)
+USER_ROLE = "SELECT role, display_name FROM users WHERE id = ?"
+IDENTITY_ROLE = (
+    "SELECT users.id, users.role, users.display_name FROM users JOIN identities ON identities.user_id = users.id"
+    " WHERE identities.channel = ? AND identities.platform_user_id = ?"
+)
+FIND_SESSION = "SELECT id, previous_context FROM sessions WHERE channel = ? AND conversation_id = ? AND thread_id = ?"
+NEW_SESSION = (
+    "INSERT INTO sessions (id, channel, conversation_id, thread_id, parent_conversation_id,"
+    " previous_context, extracted_through, created_at, updated_at) VALUES (?, ?, ?, ?, ?, '', 0, ?, ?)"
+    " ON CONFLICT (channel, conversation_id, thread_id) DO NOTHING"
+)
+NEW_MESSAGE = (
+    "INSERT INTO messages (session_id, platform_message_id, speaker_user_id, stored_role, display_name,"
+    " text, said_at, is_agent, created_at, reply_requested) VALUES (?, ?, ?, ?, ?, ?, ?, FALSE, ?, ?)"
+    " ON CONFLICT (session_id, is_agent, platform_message_id) DO NOTHING RETURNING id"
+)
+OLD_MESSAGE = (
+    "SELECT id, reply_requested FROM messages WHERE session_id = ? AND is_agent = FALSE AND platform_message_id = ?"
+)
+ASK_REPLY = "UPDATE messages SET reply_requested = TRUE WHERE id = ?"
+REPLY = "SELECT text FROM messages WHERE reply_to_id = ?"
+HISTORY = MESSAGE_SELECT + " WHERE session_id = ? AND archive_id IS NULL AND id <= ? ORDER BY id DESC LIMIT ?"
+MESSAGE_BY_ID = MESSAGE_SELECT + " WHERE id = ?"
+STORE = (
+    "INSERT INTO messages (session_id, platform_message_id, speaker_user_id, stored_role, display_name,"
+    " text, said_at, is_agent, created_at, reply_to_id, reply_requested) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, FALSE)"
+    " ON CONFLICT DO NOTHING RETURNING id"
+)
+TURN_RECORD = (
+    "INSERT INTO turn_records (session_id, message_id, reply_message_id, at, speaker_user_id, stored_role,"
+    " memory, sections, model_calls) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"
+)
+TRIM_SESSION = (
+    "SELECT id, channel, conversation_id, thread_id, previous_context, extracted_through FROM sessions WHERE id = ?"
+)
+LIVE = MESSAGE_SELECT + " WHERE session_id = ? AND archive_id IS NULL ORDER BY id"
+ARCHIVE = (
+    "INSERT INTO archives (id, session_id, created_at, start_at, end_at, trust, message_count, summary, markdown)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+TRIMMED_SESSION = "UPDATE sessions SET previous_context = ?, extracted_through = ? WHERE id = ?"
+EXTRACT_JOB = (
+    "INSERT INTO jobs (kind, payload, status, attempts, run_after, created_at)"
+    " VALUES ('extract', ?, 'pending', 0, ?, ?) RETURNING id"
+)
+
+
+def numbered(sql: str) -> str:
+    """``?`` parameters as ``$1``, ``$2``, ... (no statement here has a ``?`` inside a literal)."""
+    counter = iter(range(1, sql.count("?") + 1))
+    return re.sub(r"\?", lambda _m: f"${next(counter)}", sql)

@@ -1,0 +1,327 @@
+"""The hot store on SQLite: the standard ``sqlite3`` module, called inline on the event loop.
+
+One connection per process (WAL, ``synchronous=NORMAL``, foreign keys on); a
+write is ``BEGIN IMMEDIATE`` ... ``COMMIT`` with no ``await`` inside, so it is
+never left open across a suspension. A commit in WAL costs less than one hand-off
+to a driver thread.
+
+The cold paths (SQLAlchemy with aiosqlite, in its own thread) may hold a write
+transaction open across an ``await``. If this thread waited for it inside
+SQLite's busy handler, that transaction could never finish: the loop that must
+run it would be the one blocked. So this connection's ``busy_timeout`` is 0, and
+on SQLITE_BUSY/LOCKED the transaction is rolled back and retried after an
+``await asyncio.sleep`` (1 ms, doubling to 50 ms), for up to ``busy_timeout_s``;
+then the error is raised ("database is locked"), which the gateway answers 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from hotstore import sql
+from hotstore.base import (
+    BOOL,
+    DATETIME,
+    JSON_VALUE,
+    HotStore,
+    NewMessage,
+    TrimPlan,
+    TrimSession,
+    TurnMessage,
+    TurnRows,
+    crash_point,
+)
+
+T = TypeVar("T")
+
+_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+_FIRST_WAIT_S = 0.001
+_MAX_WAIT_S = 0.05
+
+
+def encode_time(value: datetime) -> str:
+    """A datetime as SQLAlchemy's SQLite dialect stores a ``UTCDateTime``: naive UTC text, microseconds."""
+    if value.tzinfo is None:
+        raise ValueError("naive datetime given to the database; use datetime.now(UTC)")
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    return value.replace(tzinfo=None).isoformat(" ", "microseconds")
+
+
+def decode_time(value: str | None) -> datetime | None:
+    """The inverse of ``encode_time`` (timezone-aware UTC)."""
+    return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+_DECODERS: dict[str, Callable[[Any], Any]] = {DATETIME: decode_time, JSON_VALUE: json.loads, BOOL: bool}
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:  # an older sqlite3 module: the message is all there is
+        return "locked" in str(exc) or "busy" in str(exc)
+    return (code & 0xFF) in _BUSY_CODES
+
+
+def _message_row(r: tuple[Any, ...]) -> tuple[Any, ...]:
+    # id, session_id, platform_message_id, speaker_user_id, stored_role, display_name, text, said_at, is_agent
+    return (*r[:7], decode_time(r[7]), bool(r[8]))
+
+
+class SQLiteHotStore(HotStore):
+    """The hot path on one inline ``sqlite3`` connection."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        busy_timeout_s: float = 30.0,
+        on_connect: Callable[[sqlite3.Connection], None] | None = None,
+    ) -> None:
+        self.path = path
+        self.busy_timeout_s = busy_timeout_s
+        self._on_connect = on_connect
+        self._conn: sqlite3.Connection | None = None
+        self._pid = 0
+
+    def _connection(self) -> sqlite3.Connection:
+        conn = self._conn
+        if conn is not None and self._pid == os.getpid():
+            return conn
+        # isolation_level=None: no implicit BEGIN; every transaction here is explicit.
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, cached_statements=64)
+        try:
+            if self._on_connect is not None:
+                self._on_connect(conn)  # the engine's own connect hooks (pragmas, faults a test injects)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA busy_timeout=0")  # never wait inside SQLite on the loop thread (see module doc)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    async def close(self) -> None:
+        """Close the connection (the next use opens a new one)."""
+        self.close_now()
+
+    def close_now(self) -> None:
+        """Close the connection without awaiting (engine disposal calls this)."""
+        conn, self._conn = self._conn, None
+        if conn is not None and self._pid == os.getpid():
+            conn.close()
+
+    async def _run(self, body: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+        """``body`` in one transaction (``BEGIN IMMEDIATE`` for a write), retried while the database is busy."""
+        deadline: float | None = None
+        wait = _FIRST_WAIT_S
+        while True:
+            conn = self._connection()
+            try:
+                if not write:
+                    return body(conn)
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = body(conn)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                return result
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.busy_timeout_s
+                if now >= deadline:
+                    raise
+            # Another connection (a cold path's transaction, another process) holds the write lock:
+            # let the loop run it to its end, then try again.
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, _MAX_WAIT_S)
+
+    # ---- principals ----------------------------------------------------------------------
+
+    async def user_role(self, user_id: str) -> tuple[str, str] | None:
+        """(role, display name) of a unified user, or None."""
+
+        def body(conn: sqlite3.Connection) -> tuple[str, str] | None:
+            return conn.execute(sql.USER_ROLE, (user_id,)).fetchone()
+
+        return await self._run(body, write=False)
+
+    async def identity_role(self, channel: str, platform_user_id: str) -> tuple[str, str, str] | None:
+        """(user id, role, display name) behind a platform identity, or None."""
+
+        def body(conn: sqlite3.Connection) -> tuple[str, str, str] | None:
+            return conn.execute(sql.IDENTITY_ROLE, (channel, platform_user_id)).fetchone()
+
+        return await self._run(body, write=False)
+
+    # ---- turns ---------------------------------------------------------------------------
+
+    async def begin_turn(self, m: TurnMessage) -> TurnRows:
+        """Find or create the session, store the message once, read the history: one transaction."""
+        return await self._run(lambda conn: _begin_turn(conn, m), write=True)
+
+    async def store_message(self, m: NewMessage) -> tuple[int, int | None] | None:
+        """Insert a message and its turn record in one transaction; None if it was stored before."""
+        return await self._run(lambda conn: _store_message(conn, m), write=True)
+
+    async def stored_reply(self, message_row_id: int) -> str | None:
+        """The reply stored for a message row, if any."""
+
+        def body(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(sql.REPLY, (message_row_id,)).fetchone()
+            return row[0] if row else None
+
+        return await self._run(body, write=False)
+
+    async def trim(self, session_id: str, plan: TrimPlan) -> int | None:
+        """One trim in one ``BEGIN IMMEDIATE`` transaction."""
+        return await self._run(lambda conn: _trim(conn, session_id, plan), write=True)
+
+    async def select(self, sql: str, args: Sequence[Any], kinds: Sequence[str | None]) -> list[tuple[Any, ...]]:
+        """One read statement (``?`` parameters; datetimes are encoded, values decoded by ``kinds``)."""
+        params = [encode_time(a) if isinstance(a, datetime) else a for a in args]
+        decoders = [(i, _DECODERS[k]) for i, k in enumerate(kinds) if k is not None]
+
+        def body(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+            rows = conn.execute(sql, params).fetchall()
+            if not decoders:
+                return rows
+            out = []
+            for r in rows:
+                values = list(r)
+                for i, decode in decoders:
+                    if values[i] is not None:
+                        values[i] = decode(values[i])
+                out.append(tuple(values))
+            return out
+
+        return await self._run(body, write=False)
+
+
+def _begin_turn(conn: sqlite3.Connection, m: TurnMessage) -> TurnRows:
+    key = (m.channel, m.conversation_id, m.thread_id)
+    row = conn.execute(sql.FIND_SESSION, key).fetchone()
+    if row is None:
+        now = encode_time(m.now)
+        conn.execute(sql.NEW_SESSION, (m.new_session_id, *key, m.parent_conversation_id, now, now))
+        row = conn.execute(sql.FIND_SESSION, key).fetchone()
+    session_id, previous = row
+    found = conn.execute(
+        sql.NEW_MESSAGE,
+        (
+            session_id,
+            m.platform_message_id,
+            m.speaker_user_id,
+            m.stored_role,
+            m.display_name,
+            m.text,
+            encode_time(m.said_at),
+            encode_time(m.now),
+            int(m.reply_requested),
+        ),
+    ).fetchone()
+    resumed = False
+    if found is None:
+        # Stored before: its reply, or (asked for an answer, never given one) answer it now.
+        old_id, old_requested = conn.execute(sql.OLD_MESSAGE, (session_id, m.platform_message_id)).fetchone()
+        reply = conn.execute(sql.REPLY, (old_id,)).fetchone()
+        if reply is not None or not m.reply_requested:
+            return TurnRows(session_id, previous, None, [], reply=reply[0] if reply else None)
+        if not old_requested:
+            conn.execute(sql.ASK_REPLY, (old_id,))
+        new_id, resumed = old_id, True
+    else:
+        new_id = found[0]
+    rows = conn.execute(sql.HISTORY, (session_id, new_id, m.history_limit)).fetchall()
+    if resumed and (not rows or rows[0][0] != new_id):
+        # Already trimmed into an archive: answer it with what is still live.
+        rows.insert(0, conn.execute(sql.MESSAGE_BY_ID, (new_id,)).fetchone())
+    return TurnRows(session_id, previous, new_id, [_message_row(r) for r in rows], resumed=resumed)
+
+
+def _store_message(conn: sqlite3.Connection, m: NewMessage) -> tuple[int, int | None] | None:
+    found = conn.execute(
+        sql.STORE,
+        (
+            m.session_id,
+            m.platform_message_id,
+            m.speaker_user_id,
+            m.stored_role,
+            m.display_name,
+            m.text,
+            encode_time(m.said_at),
+            int(m.is_agent),
+            encode_time(m.created_at),
+            m.reply_to,
+        ),
+    ).fetchone()
+    if found is None:
+        return None
+    record_id = None
+    if (r := m.record) is not None:
+        (record_id,) = conn.execute(
+            sql.TURN_RECORD,
+            (
+                m.session_id,
+                r.message_id,
+                m.platform_message_id,
+                encode_time(m.said_at),
+                r.speaker_user_id,
+                r.stored_role,
+                json.dumps(r.memory),
+                json.dumps(r.sections),
+                json.dumps(r.model_calls),
+            ),
+        ).fetchone()
+    return found[0], record_id
+
+
+def _trim(conn: sqlite3.Connection, session_id: str, plan: TrimPlan) -> int | None:
+    row = conn.execute(sql.TRIM_SESSION, (session_id,)).fetchone()
+    if row is None:
+        return None
+    live = conn.execute(sql.LIVE, (session_id,))
+    w = plan(TrimSession(*row), [_message_row(r) for r in live.fetchall()])
+    if w is None:
+        return None
+    marks = ",".join("?" * len(w.message_ids))
+    conn.execute(f"UPDATE messages SET archive_id = ? WHERE id IN ({marks})", (w.archive_id, *w.message_ids))
+    crash_point(w, "mark")
+    conn.execute(
+        sql.ARCHIVE,
+        (
+            w.archive_id,
+            session_id,
+            encode_time(w.created_at),
+            encode_time(w.start_at),
+            encode_time(w.end_at),
+            w.trust,
+            len(w.message_ids),
+            w.summary,
+            w.markdown,
+        ),
+    )
+    crash_point(w, "archive")
+    conn.execute(sql.TRIMMED_SESSION, (w.previous_context, w.extracted_through, session_id))
+    created = encode_time(w.created_at)
+    (job_id,) = conn.execute(
+        sql.EXTRACT_JOB,
+        (json.dumps(w.job_payload), created, created),
+    ).fetchone()
+    crash_point(w, "job")
+    return int(job_id)

@@ -1,0 +1,258 @@
+"""The hot store's contract, on SQLite and PostgreSQL: the turn's statements on the raw driver.
+
+``hotstore`` runs begin-turn, store-reply, the role read and memory's
+candidate statement without SQLAlchemy; these tests hold it to what the
+SQLAlchemy versions did, through the stores every caller uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy import event, func, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.explain import TurnExplanation
+from gateway.models import Heartbeat, Message, TurnRecord
+from gateway.sessions import SessionKey, SessionStore
+from gateway.write_health import storage_reason
+from hotstore import hot_store
+from memory.models import MemoryRecord, MemoryTerm
+from memory.store import MemoryStore, _candidates_statement, _view, note_terms
+from memory.words import subject_key
+from pairing.principal import Principal, Role
+from pairing.store import PairingStore
+from tests.conftest import Clock
+
+ALICE = Principal.human("u_alice", Role.USER, "Alice")
+KEY = SessionKey("web", "conv-1")
+
+
+async def begin(store: SessionStore, mid: str, text: str = "hello", **kw: Any) -> Any:
+    kw.setdefault("history_limit", 50)
+    return await store.begin_turn(
+        KEY,
+        platform_message_id=mid,
+        speaker=ALICE,
+        display_name="Alice",
+        text=text,
+        said_at=store.now(),
+        **kw,
+    )
+
+
+async def reply(store: SessionStore, session_id: str, mid: str, row_id: int, text: str = "hi Alice") -> Any:
+    return await store.store_message(
+        session_id,
+        platform_message_id=f"{mid}:reply",
+        speaker=None,
+        display_name="agent",
+        text=text,
+        said_at=store.now(),
+        is_agent=True,
+        explanation=TurnExplanation(memory=[{"id": "m_1", "why": "match"}], sections={"history": 3}, model_calls={}),
+        answers=mid,
+        answered=ALICE,
+        reply_to=row_id,
+    )
+
+
+async def test_first_message_creates_the_session_and_stores_the_message(engine: AsyncEngine, clock: Clock) -> None:
+    store = SessionStore(engine, clock=clock)
+    start = await begin(store, "m1")
+    assert start.session_id.startswith("s_") and start.stored is not None and not start.resumed
+    assert start.stored.speaker_user_id == "u_alice" and start.stored.stored_role == "user"
+    assert start.stored.said_at == clock.now and start.stored.said_at.tzinfo is not None
+    assert [m.text for m in start.history] == ["hello"]
+    assert await store.find_session(KEY) == start.session_id
+    # What the hot store wrote reads back through SQLAlchemy the same.
+    assert (await store.history(start.session_id)) == start.history
+
+
+async def test_same_message_twice_gets_the_stored_reply(engine: AsyncEngine, clock: Clock) -> None:
+    store = SessionStore(engine, clock=clock)
+    first = await begin(store, "m1")
+    assert await reply(store, first.session_id, "m1", first.stored.id) is not None
+    again = await begin(store, "m1")
+    assert again.stored is None and again.reply == "hi Alice" and again.session_id == first.session_id
+    async with engine.connect() as conn:
+        assert await conn.scalar(select(func.count()).select_from(Message)) == 2
+
+
+async def test_an_unanswered_message_is_resumed_and_a_store_only_one_is_not(engine: AsyncEngine, clock: Clock) -> None:
+    store = SessionStore(engine, clock=clock)
+    first = await begin(store, "m1")
+    clock.advance(seconds=1)
+    await begin(store, "m2", "later")
+    again = await begin(store, "m1")
+    assert again.resumed and again.stored is not None and again.stored.id == first.stored.id
+    assert again.history[-1].id == first.stored.id  # the message to answer comes last
+    kept = await begin(store, "m3", "just keep it", reply_requested=False)
+    assert kept.stored is not None
+    assert (await begin(store, "m3", reply_requested=False)).stored is None  # stored, nothing owed
+    asked = await begin(store, "m3")  # a retry that asks for an answer is owed one
+    assert asked.resumed and asked.stored.id == kept.stored.id
+
+
+async def test_the_reply_is_stored_once_with_its_turn_record(engine: AsyncEngine, clock: Clock) -> None:
+    store = SessionStore(engine, clock=clock)
+    start = await begin(store, "m1")
+    row = await reply(store, start.session_id, "m1", start.stored.id)
+    assert row is not None and row.is_agent and row.turn_record_id is not None
+    assert await reply(store, start.session_id, "m1", start.stored.id, "a second answer") is None
+    assert await store.stored_reply(start.stored.id) == "hi Alice"
+    async with engine.connect() as conn:
+        records = (await conn.execute(select(TurnRecord))).all()
+    assert len(records) == 1
+    rec = records[0]
+    assert rec.id == row.turn_record_id and rec.message_id == "m1" and rec.reply_message_id == "m1:reply"
+    assert rec.memory == [{"id": "m_1", "why": "match"}] and rec.sections == {"history": 3}
+    assert rec.speaker_user_id == "u_alice" and rec.at == clock.now
+
+
+async def test_history_is_oldest_first_and_limited_to_the_newest(engine: AsyncEngine, clock: Clock) -> None:
+    store = SessionStore(engine, clock=clock)
+    for i in range(6):
+        clock.advance(seconds=1)
+        start = await begin(store, f"m{i}", f"text {i}", history_limit=4)
+    assert [m.text for m in start.history] == ["text 2", "text 3", "text 4", "text 5"]
+    assert start.stored.text == "text 5"
+    assert [m.said_at for m in start.history] == sorted(m.said_at for m in start.history)
+
+
+async def test_the_role_read_sees_a_role_change_at_once(engine: AsyncEngine) -> None:
+    pairing = PairingStore(engine)
+    user = await pairing.add_user("Bob", "user", links=["discord:42"])
+    assert (await pairing.principal_for_user(user.id)).role is Role.USER
+    assert (await pairing.resolve("discord", "42")).role is Role.USER
+    await pairing.set_role(user.id, "admin", by="test")
+    assert (await pairing.principal_for_user(user.id)).role is Role.ADMIN
+    seen = await pairing.resolve("discord", "42", "Bobby")
+    assert seen is not None and seen.role is Role.ADMIN and seen.display_name == "Bobby"
+    assert await pairing.resolve("discord", "43") is None
+
+
+def _seed_rows(rng: random.Random, now: datetime) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    words = ["invoice", "server", "backup", "deploy", "payroll", "export", "audit", "ticket"]
+    rows: list[dict[str, Any]] = []
+    term_rows: list[dict[str, str]] = []
+    for i in range(120):
+        personal = i % 3 == 0
+        subject = f"{rng.choice(words)} {i}"
+        content = " ".join(rng.choice(words) for _ in range(rng.randint(2, 6)))
+        said = now - timedelta(minutes=rng.randint(0, 5000))
+        status = "live" if rng.random() < 0.8 else "superseded"
+        row = {
+            "id": f"m_{i:04d}",
+            "scope": "personal" if personal else "agent_notes",
+            "owner_user_id": f"u_{i % 2}" if personal else None,
+            "subject": subject,
+            "subject_key": subject_key(subject),
+            "content": content,
+            "status": status,
+            "said_at": said,
+            "recorded_at": said,
+            "review_by": None if personal else now + timedelta(days=rng.randint(-3, 30)),
+            "source": "live",
+            "author_user_id": "u_0",
+            "author_role": "admin",
+            "session_id": "s_x",
+            "evidence": [f"msg-{i}"],
+            "run_id": None,
+            "superseded_by": None,
+            "applies_to": ["sop-a"] if i % 7 == 0 else None,
+            "citations": None,
+        }
+        rows.append(row)
+        if not personal and status == "live":
+            term_rows.extend({"term": t, "record_id": row["id"]} for t in note_terms(subject, content))
+    return rows, term_rows
+
+
+async def test_candidates_are_what_the_sqlalchemy_statement_returns(engine: AsyncEngine, clock: Clock) -> None:
+    rows, term_rows = _seed_rows(random.Random(7), clock.now)
+    async with engine.begin() as conn:
+        await conn.execute(MemoryRecord.__table__.insert(), rows)
+        await conn.execute(MemoryTerm.__table__.insert(), term_rows)
+    store = MemoryStore(engine, clock=clock)
+    for user_id, words in [("u_0", ["invoice", "audit"]), (None, ["server"]), ("u_1", []), (None, [])]:
+        got = await store.prompt_candidates(
+            user_id=user_id, query_terms=words, now=clock.now, matched_limit=10, recent_limit=7, personal_limit=9
+        )
+        params: dict[str, Any] = {"now": clock.now, "recent_limit": 7}
+        if words:
+            params.update(words=words, matched_limit=10)
+        if user_id:
+            params.update(user_id=user_id, personal_limit=9)
+        async with engine.connect() as conn:
+            want = (await conn.execute(_candidates_statement(bool(words), bool(user_id)), params)).all()
+        by_part: dict[str, list[Any]] = {"match": [], "recent": [], "personal": []}
+        for r in want:
+            by_part[r.part].append((_view(r), float(r.score)))
+        assert sorted((v.id, round(s, 9)) for v, s in got.matched_notes) == sorted(
+            (v.id, round(s, 9)) for v, s in by_part["match"]
+        )
+        assert sorted(v.id for v in got.recent_notes) == sorted(v.id for v, _ in by_part["recent"])
+        assert {v.id: v for v in got.personal} == {v.id: v for v, _ in by_part["personal"]}
+        assert {v.id: v for v in got.recent_notes} == {v.id: v for v, _ in by_part["recent"]}
+        assert bool(words) == bool(got.matched_notes) and bool(user_id) == bool(got.personal)
+
+
+async def test_a_turn_waits_for_a_cold_transaction_holding_the_write_lock(engine: AsyncEngine, clock: Clock) -> None:
+    """A SQLAlchemy transaction holds the write lock across an await: the turn completes after it, nothing lost."""
+    store = SessionStore(engine, clock=clock)
+    await begin(store, "m0")  # the hot connection is open before the lock is taken
+    hb = Heartbeat.__table__
+    async with engine.begin() as conn:
+        await conn.execute(hb.insert().values(id="cold", at=clock.now))  # SQLite: the write lock, held from here
+        turn = asyncio.create_task(begin(store, "m1", "during the lock"))
+        await asyncio.sleep(0.2)  # the loop must stay free to run this transaction to its end
+        if engine.dialect.name == "sqlite":
+            assert not turn.done()  # one writer at a time: the turn waits, it does not bypass the lock
+        await conn.execute(hb.update().where(hb.c.id == "cold").values(at=clock.now + timedelta(seconds=1)))
+    start = await asyncio.wait_for(turn, timeout=60)
+    assert start.stored is not None and start.stored.text == "during the lock"
+    async with engine.connect() as conn:
+        assert await conn.scalar(select(hb.c.at).where(hb.c.id == "cold")) == clock.now + timedelta(seconds=1)
+    assert [m.text for m in await store.history(start.session_id)] == ["hello", "during the lock"]
+
+
+async def test_a_read_only_database_is_a_storage_fault(engine: AsyncEngine, db_url: str, clock: Clock) -> None:
+    """A write the database refuses raises what the gateway answers 503, naming the reason; nothing is kept."""
+    store = SessionStore(engine, clock=clock)
+    await begin(store, "m0")
+    if engine.dialect.name == "sqlite":
+
+        def read_only(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.cursor().execute("PRAGMA query_only=ON")
+
+        event.listen(engine.sync_engine, "connect", read_only)
+    else:
+        name = make_url(db_url).database
+        conn = await asyncpg.connect(db_url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            await conn.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+        finally:
+            await conn.close()
+    await engine.dispose()  # the hot store reconnects into the fault with the engine
+    with pytest.raises(Exception) as raised:
+        await begin(store, "m1")
+    reason = storage_reason(raised.value)
+    assert reason is not None and "read" in reason.lower()
+    assert raised.value.__module__.split(".")[0] in {"sqlite3", "asyncpg"}
+    async with engine.connect() as conn:
+        assert await conn.scalar(select(func.count()).select_from(Message)) == 1
+
+
+async def test_one_hot_store_per_engine_closed_with_it(engine: AsyncEngine, clock: Clock) -> None:
+    assert hot_store(engine) is hot_store(engine)
+    store = SessionStore(engine, clock=clock)
+    await begin(store, "m0")
+    await engine.dispose()
+    assert (await begin(store, "m1")).stored is not None  # reopened on next use
