@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, func, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from gateway.db import dialect_insert
 from gateway.models import Archive, Job, Message, Session, TurnRecord
 from gateway.replies import unanswered_or_reply
 from memory.archive_format import render_archive_markdown
@@ -186,7 +186,7 @@ class SessionStore:
         return self._clock()
 
     def _insert(self, table: Any) -> Any:
-        return (postgresql.insert if self._dialect == "postgresql" else sqlite.insert)(table)
+        return dialect_insert(self._dialect, table)
 
     # ---- sessions & messages ------------------------------------------------------------
 
