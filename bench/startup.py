@@ -43,6 +43,12 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used: less sensitive than wall time to a busy machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _env(source: Path, pycache: Path | None) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=str(source))
     if pycache is None:
@@ -54,8 +60,8 @@ def _env(source: Path, pycache: Path | None) -> dict[str, str]:
     return env
 
 
-def _start_once(folder: Path, env: dict[str, str]) -> tuple[float, float]:
-    """Start `goclaw serve` in ``folder`` (its database there); seconds to the first 200 on /healthz, and RSS."""
+def _start_once(folder: Path, env: dict[str, str]) -> tuple[float, float, float]:
+    """Start `goclaw serve` in ``folder`` (its database there): seconds to the first 200 on /healthz, CPU, RSS."""
     folder.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     (folder / "config.yaml").write_text(
@@ -81,8 +87,9 @@ def _start_once(folder: Path, env: dict[str, str]) -> tuple[float, float]:
                     raise SystemExit("goclaw serve exited during startup") from None
                 time.sleep(0.005)
         elapsed = time.perf_counter() - started
+        cpu = _cpu_s(proc.pid)
         time.sleep(0.5)
-        return elapsed, _rss_mb(proc.pid)
+        return elapsed, cpu, _rss_mb(proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -115,13 +122,15 @@ def main() -> None:
         first: dict[str, list[float]] = {name: [] for name in trees}
         restart: dict[str, list[float]] = {name: [] for name in trees}
         rss: dict[str, list[float]] = {name: [] for name in trees}
+        cpu: dict[str, list[float]] = {name: [] for name in trees}
         floor: list[float] = []
         for i in range(args.runs):
             for name, env in envs.items():
                 folder = base / f"run{i}" / name
                 first[name].append(_start_once(folder, env)[0])
-                t, m = _start_once(folder, env)
+                t, c, m = _start_once(folder, env)
                 restart[name].append(t)
+                cpu[name].append(c)
                 rss[name].append(m)
             floor.append(_floor(floor_env))
     cache = "no bytecode cache" if args.no_bytecode_cache else "bytecode cached"
@@ -129,12 +138,14 @@ def main() -> None:
     for name, source in trees.items():
         print(
             f"  {name} ({source}): first start (migrating) {statistics.median(first[name]):.2f} s; "
-            f"restart {statistics.median(restart[name]):.2f} s; idle RSS {statistics.median(rss[name]):.0f} MB"
+            f"restart {statistics.median(restart[name]):.2f} s (CPU {statistics.median(cpu[name]):.2f} s); "
+            f"idle RSS {statistics.median(rss[name]):.0f} MB"
         )
     print(f"baseline, python -c 'import aiohttp.web': median {statistics.median(floor):.2f} s")
     if args.baseline_source is not None:
         ratio = statistics.median(restart["this tree"]) / statistics.median(restart["baseline source"])
-        print(f"restart, this tree / baseline source: {ratio:.2f}")
+        cpu_ratio = statistics.median(cpu["this tree"]) / statistics.median(cpu["baseline source"])
+        print(f"restart, this tree / baseline source: wall {ratio:.2f}, CPU {cpu_ratio:.2f}")
 
 
 if __name__ == "__main__":

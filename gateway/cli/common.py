@@ -33,12 +33,22 @@ class _Console:
         self._options = options
         self._console: Console | None = None
 
-    def __getattr__(self, name: str) -> Any:
+    def _real(self) -> Console:
         if self._console is None:
             from rich.console import Console
 
             self._console = Console(**self._options)
-        return getattr(self._console, name)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real(), name)
+
+    # Dunder methods are looked up on the type, not through __getattr__ (rich's Live uses `with console:`).
+    def __enter__(self) -> Console:
+        return self._real().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._real().__exit__(*exc)
 
 
 out = cast("Console", _Console())
