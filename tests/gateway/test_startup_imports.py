@@ -8,6 +8,7 @@ modules it loaded.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,7 @@ def _loaded(tmp_path: Path, llm: str) -> set[str]:
         run = subprocess.run(
             [sys.executable, "-c", SERVE_LIKE, str(config)],
             cwd=tmp_path,
-            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
             capture_output=True,
             text=True,
             timeout=120,
