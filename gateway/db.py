@@ -88,10 +88,12 @@ def dialect_insert(dialect: str, table: Any) -> Any:
     never loads SQLAlchemy's PostgreSQL dialect (a few tens of milliseconds at start).
     """
     if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table)
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.insert(table)
+    from sqlalchemy.dialects import sqlite
+
+    return sqlite.insert(table)
 
 
 def describe_db_error(url: str, exc: BaseException) -> str:
