@@ -81,6 +81,21 @@ def make_engine(url: str, *, echo: bool = False) -> AsyncEngine:
     return engine
 
 
+def dialect_insert(dialect: str, table: Any) -> Any:
+    """An ``INSERT`` of ``dialect`` (``postgresql`` or ``sqlite``), with its ``ON CONFLICT`` clauses.
+
+    The dialect's module is imported here, at first use: a gateway on SQLite
+    never loads SQLAlchemy's PostgreSQL dialect (a few tens of milliseconds at start).
+    """
+    if dialect == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.insert(table)
+    from sqlalchemy.dialects import sqlite
+
+    return sqlite.insert(table)
+
+
 def describe_db_error(url: str, exc: BaseException) -> str:
     """One line for a person: what failed and what to do."""
     safe = make_url(url).render_as_string(hide_password=True)

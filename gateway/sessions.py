@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from gateway.db import dialect_insert
 from gateway.models import Archive, Job, Message, Session
 from hotstore import hot_store
 from hotstore.base import NewMessage, TrimSession, TrimWrite, TurnMessage, TurnRecordRow
@@ -188,7 +188,7 @@ class SessionStore:
         return self._clock()
 
     def _insert(self, table: Any) -> Any:
-        return (postgresql.insert if self._dialect == "postgresql" else sqlite.insert)(table)
+        return dialect_insert(self._dialect, table)
 
     # ---- sessions & messages ------------------------------------------------------------
 

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.db import dialect_insert
 from gateway.errors import DatabaseUnavailable
 from gateway.models import Heartbeat
 
@@ -164,10 +164,9 @@ class WriteHealth:
         return None
 
     async def _write(self) -> str | None:
-        insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
         now = datetime.now(UTC)
         stmt = (
-            insert(Heartbeat)
+            dialect_insert(self.engine.dialect.name, Heartbeat)
             .values(id=self._row_id, at=now)
             .on_conflict_do_update(index_elements=["id"], set_={"at": now})
         )

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-
 CRON_FIELDS = ("minute", "hour", "day of month", "month", "day of week")
 _CRON_RANGES = ("0-59", "0-23", "1-31", "1-12 or jan-dec", "0-7 or sun-sat")
 _EVERY = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
@@ -33,6 +31,8 @@ def check_cron(expr: str) -> str:
         raise ValueError(
             f"cron expression {expr!r} has {len(fields)} field(s); write 5: minute hour day-of-month month day-of-week"
         )
+    from croniter import croniter  # here, not at the top: a gateway with no cron SOP never loads it
+
     # croniter validates the whole expression; each field is checked on its own
     # (the others set to '*') so the error can say which one is wrong.
     for i, value in enumerate(fields):
@@ -196,6 +196,8 @@ def next_after(trigger: Trigger, now: datetime, *, anchor: datetime) -> datetime
     if trigger.kind == "cron":
         assert trigger.cron is not None
         tz = check_tz(trigger.tz)
+        from croniter import croniter
+
         nxt = croniter(trigger.cron, now.astimezone(tz)).get_next(datetime)
         return nxt.astimezone(UTC)
     if trigger.kind == "every":
@@ -213,6 +215,8 @@ def latest_due(trigger: Trigger, due: datetime, now: datetime) -> datetime:
     if trigger.kind == "cron":
         assert trigger.cron is not None
         tz = check_tz(trigger.tz)
+        from croniter import croniter
+
         # croniter's get_prev is strictly before its start: start a second later so
         # a due time equal to ``now`` counts.
         prev = croniter(trigger.cron, (now + timedelta(seconds=1)).astimezone(tz)).get_prev(datetime).astimezone(UTC)
@@ -262,6 +266,8 @@ def _count(trigger: Trigger, first: datetime, last: datetime, cap: int = 100_000
     if trigger.kind == "cron":
         assert trigger.cron is not None
         tz = check_tz(trigger.tz)
+        from croniter import croniter
+
         it = croniter(trigger.cron, (first - timedelta(seconds=1)).astimezone(tz))
         n = 0
         while n < cap and it.get_next(datetime).astimezone(UTC) <= last:

@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.automation.models import Sop, SopRun, TeamsConversationRef
 from gateway.automation.schedule import Trigger, first_due
+from gateway.db import dialect_insert
 from gateway.errors import GoclawError
 
 STALE_AFTER = timedelta(hours=1)
@@ -184,7 +184,7 @@ class AutomationStore:
         self._dialect = self.engine.dialect.name
 
     def _insert(self, table: Any) -> Any:
-        return (postgresql.insert if self._dialect == "postgresql" else sqlite.insert)(table)
+        return dialect_insert(self._dialect, table)
 
     # ---- definitions --------------------------------------------------------------------
 

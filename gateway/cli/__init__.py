@@ -9,8 +9,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.cli import ids as cli_ids
@@ -20,6 +18,7 @@ from gateway.cli.common import (
     T,
     cli_errors,
     err,
+    escape,
     fail,
     id_column,
     known_channel,
@@ -162,6 +161,8 @@ def users_list(as_json: bool = JsonOpt, config: str | None = ConfigOpt) -> None:
     if as_json:
         print_json([u.as_json() for u in users])
         return
+    from rich.table import Table
+
     table = Table(id_column("id"), "name", "role", "identities", "created")
     for u in users:
         table.add_row(u.id, u.display_name, u.role.value, ", ".join(u.identities), f"{u.created_at:%Y-%m-%d %H:%M}")
@@ -207,6 +208,8 @@ def pairing_list(as_json: bool = JsonOpt, config: str | None = ConfigOpt) -> Non
     if not pending:
         out.print("no pending pairing requests")
         return
+    from rich.table import Table
+
     table = Table("channel", id_column("code"), id_column("platform id"), "name", "expires (UTC)")
     for p in pending:
         table.add_row(p.channel, p.code, p.platform_user_id, p.display_name, f"{p.expires_at:%Y-%m-%d %H:%M}")
@@ -276,6 +279,8 @@ def archives_list(
     if as_json:
         print_json(data)
         return
+    from rich.table import Table
+
     table = Table(id_column("id"), id_column("session"), "from (UTC)", "to", "trust", "messages")
     for a in rows:
         table.add_row(

@@ -11,12 +11,9 @@ import functools
 import json
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Column, Table
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.config import Config, find_config_path, load_config
@@ -24,8 +21,38 @@ from gateway.db import make_engine, upgrade
 from gateway.errors import ConfigError, DatabaseUnavailable, GoclawError
 from pairing.store import PairingError, PairingStore, parse_identity
 
-out = Console()
-err = Console(stderr=True, soft_wrap=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Column, Table
+
+
+class _Console:
+    """A rich ``Console`` made at its first use: `goclaw serve` prints nothing with one, and need not import rich."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    def _real(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real(), name)
+
+    # Dunder methods are looked up on the type, not through __getattr__ (rich's Live uses `with console:`).
+    def __enter__(self) -> Console:
+        return self._real().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._real().__exit__(*exc)
+
+
+out = cast("Console", _Console())
+err = cast("Console", _Console(stderr=True, soft_wrap=True))
 T = TypeVar("T")
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="Config file (else $GOCLAW_CONFIG, else ./config.yaml).")
@@ -52,6 +79,8 @@ def known_identity(spec: str) -> str:
 
 def id_column(header: str) -> Column:
     """A table column for ids: never cut (see :func:`print_table`), so it can be copied."""
+    from rich.table import Column
+
     return Column(header, no_wrap=True, overflow="fold")
 
 
@@ -61,6 +90,13 @@ def print_table(table: Table) -> None:
         if column.no_wrap and column.overflow == "fold":
             column.min_width = max([len(str(column.header)), *(len(str(c)) for c in column.cells)])
     out.print(table)
+
+
+def escape(text: str) -> str:
+    """``text`` with rich's markup escaped."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
 
 
 def fail(message: str) -> typer.Exit:

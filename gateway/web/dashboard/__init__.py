@@ -1,4 +1,4 @@
-"""The admin dashboard: server-rendered pages (aiohttp-jinja2, autoescaped), no build step, no CDN.
+"""The admin dashboard: server-rendered pages (Jinja2, autoescaped), no build step, no CDN.
 
 ``mount_dashboard`` adds the login, the pages and their actions to the web
 app. Each page module holds its routes; ``base`` holds what they share (nav,
@@ -7,37 +7,22 @@ rendering, login and CSRF checks, keyset pages, the audited action helper).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-import aiohttp_jinja2
-import jinja2
 from aiohttp import web
 
 from gateway.web.dashboard import chat, findings, identity, login, memory_pages, overview, people, sops
-from gateway.web.dashboard.base import GW
+from gateway.web.dashboard.base import GW, TEMPLATE_ENGINE, TEMPLATES, Templates
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
-
-
-def _fmt_time(value: object) -> str:
-    from datetime import datetime
-
-    return f"{value:%Y-%m-%d %H:%M} UTC" if isinstance(value, datetime) else ("-" if value is None else str(value))
+__all__ = ["TEMPLATES", "mount_dashboard"]
 
 
 def mount_dashboard(app: web.Application, gw: Gateway) -> None:
     """Add the dashboard's routes and template engine to ``app``, acting on ``gw``."""
-    env = aiohttp_jinja2.setup(
-        app,
-        loader=jinja2.FileSystemLoader(TEMPLATES),
-        autoescape=True,  # every value is escaped; nothing a person typed is ever markup
-        undefined=jinja2.StrictUndefined,
-    )
-    env.filters["when"] = _fmt_time
+    app[TEMPLATE_ENGINE] = Templates(TEMPLATES)  # Jinja2 is loaded at the first page, not at start
     app[GW] = gw
     r = app.router
     r.add_get("/", login.root)
@@ -72,6 +57,3 @@ def mount_dashboard(app: web.Application, gw: Gateway) -> None:
     r.add_get("/dashboard/findings", findings.findings)
     r.add_post("/dashboard/findings/resolve", findings.resolve)
     r.add_post("/dashboard/findings/route", findings.route)
-
-
-__all__ = ["mount_dashboard"]

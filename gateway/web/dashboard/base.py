@@ -17,9 +17,9 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import aiohttp_jinja2
 from aiohttp import web
 
 from gateway.automation.store import SopError
@@ -30,6 +30,8 @@ from pairing.principal import Principal
 from pairing.store import PairingError
 
 if TYPE_CHECKING:
+    import jinja2
+
     from gateway.app import Gateway
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,36 @@ NAV: list[NavEntry] = [
 ]
 
 GW = web.AppKey("goclaw_dashboard_gateway", object)
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+
+def _fmt_time(value: object) -> str:
+    return f"{value:%Y-%m-%d %H:%M} UTC" if isinstance(value, datetime) else ("-" if value is None else str(value))
+
+
+class Templates:
+    """The dashboard's Jinja2 environment, made at the first page rendered (Jinja2 is not loaded at start)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._env: jinja2.Environment | None = None
+
+    def environment(self) -> jinja2.Environment:
+        """The environment: autoescaped, strict about undefined names, with the ``when`` filter."""
+        if self._env is None:
+            import jinja2
+
+            env = jinja2.Environment(
+                loader=jinja2.FileSystemLoader(self.folder),
+                autoescape=True,  # every value is escaped; nothing a person typed is ever markup
+                undefined=jinja2.StrictUndefined,
+            )
+            env.filters["when"] = _fmt_time
+            self._env = env
+        return self._env
+
+
+TEMPLATE_ENGINE = web.AppKey("goclaw_dashboard_templates", Templates)
 
 
 def gateway_of(request: web.Request) -> Gateway:
@@ -112,7 +144,8 @@ def render(request: web.Request, template: str, context: dict[str, Any], *, stat
         "flash": _flash_of(request),
         **context,
     }
-    response = aiohttp_jinja2.render_template(template, request, ctx, status=status)
+    html = request.app[TEMPLATE_ENGINE].environment().get_template(template).render(ctx)
+    response = web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
     response.headers.update(SECURITY_HEADERS)
     if ctx["flash"]:
         response.del_cookie(FLASH_COOKIE, path="/")
