@@ -30,6 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.db import make_engine, upgrade
+from gateway.hotstore import hot_store
 from memory.models import MemoryRecord, MemoryTerm
 from memory.render import memory_sections
 from memory.store import MemoryStore, note_terms
@@ -137,7 +138,7 @@ async def main() -> None:
             f"filled {shape['records']:,} records ({shape['live_notes']:,} live notes, {shape['terms']:,} index terms) "
             f"in {time.perf_counter() - t0:.1f}s"
         )
-        store = MemoryStore(engine, clock=lambda: NOW)
+        store = MemoryStore(engine, clock=lambda: NOW, raw=hot_store(engine))  # as the gateway builds it
         vocab_sample = [_word(rng) for _ in range(500)]
         speakers = [Principal.human(f"u_{rng.randrange(args.users)}", Role.USER) for _ in range(50)]
         speakers += [Principal.human("u_admin0", Role.ADMIN), Principal.system("cron-system"), Principal.unpaired()]

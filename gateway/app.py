@@ -20,6 +20,7 @@ from gateway.automation.service import Automation
 from gateway.config import Config, DiscordConfig, TeamsConfig
 from gateway.db import make_engine, upgrade
 from gateway.dispatch import ChannelRules, Dispatcher
+from gateway.hotstore import hot_store
 from gateway.idle import IdleExtractor
 from gateway.llm.base import LLMProvider
 from gateway.memory_glue import GatewayMemory, build_memory
@@ -91,7 +92,7 @@ class Gateway:
 
         self.engine = self._engine_override or make_engine(self.config.database.url, echo=self.config.database.echo)
         await upgrade(self.engine)
-        self.pairing = PairingStore(self.engine, clock=self.clock)
+        self.pairing = PairingStore(self.engine, clock=self.clock, roles=hot_store(self.engine))
         self.sessions = SessionStore(self.engine, clock=self.clock)
         self.provider = self._provider_override or make_provider(self.config.llm)
         await self.provider.start()

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gateway.facts_glue import FactsGlue
+from gateway.hotstore import hot_store
 from gateway.idle import messages_between
 from gateway.llm.base import Tool
 from gateway.models import Job
@@ -416,7 +417,7 @@ def _job_principal(payload: Mapping[str, Any]) -> Principal:
 def build_memory(gw: Gateway) -> tuple[GatewayMemory, dict[str, JobHandler]]:
     """The memory glue for a started gateway, and the job handlers it brings."""
     cfg = gw.config.memory
-    store = MemoryStore(gw.engine, clock=gw.clock)
+    store = MemoryStore(gw.engine, clock=gw.clock, raw=hot_store(gw.engine))
     writer = RevisingWriter(
         store,
         write_access=WriteAccess(users=cfg.write_access.users, roles=cfg.write_access.roles),

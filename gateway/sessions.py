@@ -12,9 +12,9 @@ from sqlalchemy import and_, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.db import dialect_insert
+from gateway.hotstore import hot_store
+from gateway.hotstore.base import NewMessage, TrimSession, TrimWrite, TurnMessage, TurnRecordRow
 from gateway.models import Archive, Job, Message, Session
-from hotstore import hot_store
-from hotstore.base import NewMessage, TrimSession, TrimWrite, TurnMessage, TurnRecordRow
 from memory.archive_format import render_archive_markdown
 from memory.types import SliceMessage
 from pairing.principal import Principal, PrincipalKind, Role

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     JSON,
@@ -39,8 +39,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
-from hotstore import hot_store
-from hotstore.base import DATETIME, JSON_VALUE
 from memory.gate import GateDecision
 from memory.models import (
     CAUSES,
@@ -392,6 +390,18 @@ def _candidates_statement(with_words: bool, with_user: bool) -> Any:
     return union_all(*(select(p.subquery()) for p in parts))
 
 
+# The value kinds a ``RawReads.select`` decodes (one per column, None: as the driver gives it).
+DATETIME = "datetime"
+JSON_VALUE = "json"
+
+
+class RawReads(Protocol):
+    """One read statement on the database driver itself (the gateway's hot store, ``gateway.hotstore``)."""
+
+    async def select(self, sql: str, args: Sequence[Any], kinds: Sequence[str | None]) -> list[tuple[Any, ...]]:
+        """Rows of ``sql`` (the driver's paramstyle), each value decoded by its kind (DATETIME, JSON_VALUE)."""
+
+
 _CANDIDATE_NAMES = (*(c.key for c in MemoryRecord.__table__.columns), "score", "part")
 
 
@@ -431,11 +441,16 @@ class MemoryStore:
 
     Every write runs in one transaction (pass ``session=`` to join a larger
     one, see :meth:`transaction`); a failed write leaves nothing behind.
+    The turn's one read, :meth:`prompt_candidates`, runs on ``raw`` when the
+    gateway gives it its hot store (the raw driver), else through SQLAlchemy:
+    the same statement either way.
     """
 
-    def __init__(self, engine: AsyncEngine, *, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self, engine: AsyncEngine, *, clock: Callable[[], datetime] | None = None, raw: RawReads | None = None
+    ) -> None:
         self._engine = engine
-        self._hot = hot_store(engine)
+        self._raw = raw
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
         self._clock = clock or (lambda: datetime.now(UTC))
 
@@ -1231,6 +1246,18 @@ class MemoryStore:
         async with self._read() as conn:
             return [_rev_view(r) for r in await conn.execute(q)]
 
+    async def _candidate_rows(
+        self, with_words: bool, with_user: bool, n_words: int, params: dict[str, Any]
+    ) -> list[Mapping[str, Any]]:
+        """The rows of ``_candidates_statement``: on the raw driver when given one, else through SQLAlchemy."""
+        if self._raw is None:
+            async with self._read() as conn:
+                return [r._mapping for r in await conn.execute(_candidates_statement(with_words, with_user), params)]
+        sql, names, fixed = _candidates_sql(self._engine.dialect, with_words, with_user, n_words)
+        values = fixed | params | {f"words_{i}": w for i, w in enumerate(params.get("words", ()), 1)}
+        rows = await self._raw.select(sql, [values[n] for n in names], _CANDIDATE_KINDS)
+        return [dict(zip(_CANDIDATE_NAMES, row, strict=True)) for row in rows]
+
     async def prompt_candidates(
         self,
         *,
@@ -1261,17 +1288,14 @@ class MemoryStore:
             params.update(words=words, matched_limit=matched_limit)
         if user_id:
             params.update(user_id=user_id, personal_limit=personal_limit)
-        sql, names, fixed = _candidates_sql(self._engine.dialect, bool(words), bool(user_id), len(words))
-        values = fixed | params | {f"words_{i}": w for i, w in enumerate(words, 1)}
         matched: list[tuple[MemoryRecordView, float]] = []
         recent: list[MemoryRecordView] = []
         personal: list[MemoryRecordView] = []
-        for row in await self._hot.select(sql, [values[n] for n in names], _CANDIDATE_KINDS):
-            view = _view(dict(zip(_CANDIDATE_NAMES, row, strict=True)))
-            part = row[-1]
-            if part == "match":
-                matched.append((view, float(row[-2])))
-            elif part == "recent":
+        for m in await self._candidate_rows(bool(words), bool(user_id), len(words), params):
+            view = _view(m)
+            if m["part"] == "match":
+                matched.append((view, float(m["score"])))
+            elif m["part"] == "recent":
                 recent.append(view)
             else:
                 personal.append(view)

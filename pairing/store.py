@@ -7,11 +7,11 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-from hotstore import hot_store
 from pairing.models import Identity, LinkCode, PairingAudit, PairingNotice, PairingRequest, RoleChange, User
 from pairing.notices import paired_text
 from pairing.principal import Principal, Role
@@ -100,17 +100,57 @@ def _norm_code(code: str) -> str:
     return code.strip().upper().replace("-", "").replace(" ", "")
 
 
+class RoleReads(Protocol):
+    """The two reads of a role that every message makes (the gateway gives its raw-driver hot store)."""
+
+    async def user_role(self, user_id: str) -> tuple[str, str] | None:
+        """(role, display name) of a unified user, read now (never cached), or None."""
+
+    async def identity_role(self, channel: str, platform_user_id: str) -> tuple[str, str, str] | None:
+        """(user id, role, display name) of the person behind a platform identity, or None."""
+
+
+class OrmRoleReads:
+    """``RoleReads`` through SQLAlchemy: the CLI's and the tests' stores (cold paths)."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self._sessions = sessions
+
+    async def user_role(self, user_id: str) -> tuple[str, str] | None:
+        """(role, display name), or None."""
+        async with self._sessions() as s:
+            row = (await s.execute(select(User.role, User.display_name).where(User.id == user_id))).first()
+        return None if row is None else (row.role, row.display_name)
+
+    async def identity_role(self, channel: str, platform_user_id: str) -> tuple[str, str, str] | None:
+        """(user id, role, display name), or None."""
+        async with self._sessions() as s:
+            row = (
+                await s.execute(
+                    select(User.id, User.role, User.display_name)
+                    .join(Identity, Identity.user_id == User.id)
+                    .where(Identity.channel == channel, Identity.platform_user_id == platform_user_id)
+                )
+            ).first()
+        return None if row is None else (row.id, row.role, row.display_name)
+
+
 class PairingStore:
     """Reads and writes who people are and what role they hold.
 
     Every write happens in one transaction; a failed operation leaves nothing
-    half-written.
+    half-written. The role reads of every message go through ``roles``: the
+    gateway passes its hot store (``gateway.hotstore``, the raw driver); without
+    one they run through SQLAlchemy. Either way the role is read on every
+    request, never cached.
     """
 
-    def __init__(self, engine: AsyncEngine, *, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(
+        self, engine: AsyncEngine, *, clock: Callable[[], datetime] | None = None, roles: RoleReads | None = None
+    ) -> None:
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
         self._clock = clock or (lambda: datetime.now(UTC))
-        self._hot = hot_store(engine)
+        self._roles: RoleReads = roles or OrmRoleReads(self._sessions)
 
     def now(self) -> datetime:
         """The store's clock (injectable for tests)."""
@@ -205,7 +245,7 @@ class PairingStore:
 
         Read on every message, never cached: a role change takes effect at once.
         """
-        row = await self._hot.identity_role(channel, platform_user_id)
+        row = await self._roles.identity_role(channel, platform_user_id)
         if row is None:
             return None
         user_id, role, name = row
@@ -216,7 +256,7 @@ class PairingStore:
 
         Read on every request, never cached: a role change takes effect at once.
         """
-        row = await self._hot.user_role(user_id)
+        row = await self._roles.user_role(user_id)
         if row is None:
             raise PairingError(f"no user {user_id!r}: see 'goclaw users list'")
         return Principal.human(user_id, Role(row[0]), row[1])

@@ -1,6 +1,6 @@
 """The hot store's contract, on SQLite and PostgreSQL: the turn's statements on the raw driver.
 
-``hotstore`` runs begin-turn, store-reply, the role read and memory's
+``gateway.hotstore`` runs begin-turn, store-reply, the role read and memory's
 candidate statement without SQLAlchemy; these tests hold it to what the
 SQLAlchemy versions did, through the stores every caller uses.
 """
@@ -19,10 +19,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.explain import TurnExplanation
+from gateway.hotstore import hot_store
 from gateway.models import Heartbeat, Message, TurnRecord
 from gateway.sessions import SessionKey, SessionStore
 from gateway.write_health import storage_reason
-from hotstore import hot_store
 from memory.models import MemoryRecord, MemoryTerm
 from memory.store import MemoryStore, _candidates_statement, _view, note_terms
 from memory.words import subject_key
@@ -126,8 +126,10 @@ async def test_history_is_oldest_first_and_limited_to_the_newest(engine: AsyncEn
     assert [m.said_at for m in start.history] == sorted(m.said_at for m in start.history)
 
 
-async def test_the_role_read_sees_a_role_change_at_once(engine: AsyncEngine) -> None:
-    pairing = PairingStore(engine)
+@pytest.mark.parametrize("reader", ["hot", "sqlalchemy"])
+async def test_the_role_read_sees_a_role_change_at_once(engine: AsyncEngine, reader: str) -> None:
+    # The gateway reads roles on the hot store; the CLI's stores through SQLAlchemy: the same answers.
+    pairing = PairingStore(engine, roles=hot_store(engine) if reader == "hot" else None)
     user = await pairing.add_user("Bob", "user", links=["discord:42"])
     assert (await pairing.principal_for_user(user.id)).role is Role.USER
     assert (await pairing.resolve("discord", "42")).role is Role.USER
@@ -180,7 +182,7 @@ async def test_candidates_are_what_the_sqlalchemy_statement_returns(engine: Asyn
     async with engine.begin() as conn:
         await conn.execute(MemoryRecord.__table__.insert(), rows)
         await conn.execute(MemoryTerm.__table__.insert(), term_rows)
-    store = MemoryStore(engine, clock=clock)
+    store = MemoryStore(engine, clock=clock, raw=hot_store(engine))
     for user_id, words in [("u_0", ["invoice", "audit"]), (None, ["server"]), ("u_1", []), (None, [])]:
         got = await store.prompt_candidates(
             user_id=user_id, query_terms=words, now=clock.now, matched_limit=10, recent_limit=7, personal_limit=9

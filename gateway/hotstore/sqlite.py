@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from hotstore import sql
-from hotstore.base import (
+from gateway.hotstore import sql
+from gateway.hotstore.base import (
     BOOL,
     DATETIME,
     JSON_VALUE,

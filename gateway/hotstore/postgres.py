@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from hotstore import sql
-from hotstore.base import (
+from gateway.hotstore import sql
+from gateway.hotstore.base import (
     HotStore,
     NewMessage,
     TrimPlan,
@@ -26,7 +26,7 @@ from hotstore.base import (
     TurnRows,
     crash_point,
 )
-from hotstore.sql import numbered
+from gateway.hotstore.sql import numbered
 
 DEFAULT_POOL_SIZE = 10
 

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from hotstore.base import HotStore
+from gateway.hotstore.base import HotStore
 
 __all__ = ["HotStore", "hot_store"]
 
@@ -43,7 +43,7 @@ def hot_store(engine: AsyncEngine) -> HotStore:
 def _make(engine: AsyncEngine) -> HotStore:
     url = engine.url
     if url.get_backend_name() == "sqlite":
-        from hotstore.sqlite import SQLiteHotStore
+        from gateway.hotstore.sqlite import SQLiteHotStore
 
         if not url.database or url.database == ":memory:":
             raise ValueError("the hot store needs a SQLite file (an in-memory database is private to one connection)")
@@ -58,7 +58,7 @@ def _make(engine: AsyncEngine) -> HotStore:
                     fn(conn, None)
 
         return SQLiteHotStore(url.database, busy_timeout_s=SQLITE_BUSY_TIMEOUT_S, on_connect=on_connect)
-    from hotstore.postgres import PostgresHotStore
+    from gateway.hotstore.postgres import PostgresHotStore
 
     dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
     return PostgresHotStore(dsn)
@@ -66,12 +66,12 @@ def _make(engine: AsyncEngine) -> HotStore:
 
 def _close_in_dispose(store: HotStore) -> None:
     """Close ``store`` from inside ``AsyncEngine.dispose`` (a greenlet that may await)."""
-    from hotstore.sqlite import SQLiteHotStore
+    from gateway.hotstore.sqlite import SQLiteHotStore
 
     if isinstance(store, SQLiteHotStore):
         store.close_now()
         return
-    from hotstore.postgres import PostgresHotStore
+    from gateway.hotstore.postgres import PostgresHotStore
 
     assert isinstance(store, PostgresHotStore)
     from sqlalchemy.util import await_only

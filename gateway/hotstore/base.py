@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-# Column kinds a raw row's values are decoded by (SQLite stores datetimes and JSON as text).
-DATETIME = "datetime"
-JSON_VALUE = "json"
+# Column kinds a raw row's values are decoded by (SQLite stores datetimes and JSON as text):
+from memory.store import DATETIME as DATETIME  # the kinds memory asks its raw reads to decode
+from memory.store import JSON_VALUE as JSON_VALUE
+
 BOOL = "bool"
 
 
