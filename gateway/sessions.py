@@ -13,6 +13,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.models import Archive, Job, Message, Session, TurnRecord
+from gateway.ordering import ANSWER_LEASE_S, Blocker, earlier_in_answer, in_answer_order, lease_until
 from gateway.replies import unanswered_or_reply
 from memory.archive_format import render_archive_markdown
 from memory.types import SliceMessage
@@ -81,6 +82,8 @@ class TurnStart:
     previous_context: str
     reply: str | None = None  # a duplicate's stored reply
     resumed: bool = False  # ``stored`` was stored before but never answered: answer it now
+    # Earlier messages another process is still answering (gateway/ordering.py): the turn waits for them.
+    waiting_on: tuple[Blocker, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +183,7 @@ class SessionStore:
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
         self._clock = clock or (lambda: datetime.now(UTC))
         self._dialect = engine.dialect.name
+        self.answer_lease_s = ANSWER_LEASE_S  # session.answer_lease_seconds (gateway/ordering.py)
 
     def now(self) -> datetime:
         """The store's clock."""
@@ -285,6 +289,8 @@ class SessionStore:
                         is_agent=False,
                         created_at=self.now(),
                         reply_requested=reply_requested,
+                        # ordering: the lease of the turn that answers it, in the same insert.
+                        answering_until=lease_until(self.now(), self.answer_lease_s) if reply_requested else None,
                     )
                     .on_conflict_do_nothing(index_elements=["session_id", "is_agent", "platform_message_id"])
                     .returning(msgs.c.id)
@@ -307,12 +313,15 @@ class SessionStore:
             if resumed and (not rows or rows[0].id != new_id):
                 # Already trimmed into an archive: answer it with what is still live.
                 rows = [(await conn.execute(select(msgs).where(msgs.c.id == new_id))).one(), *rows]
-        history = [stored_message(r) for r in reversed(rows)]
+        # ordering: each reply right after its message (with several processes a reply may come after a later message).
+        history = [stored_message(r) for r in in_answer_order(rows)]
+        # ordering: earlier messages still answered elsewhere, read from the rows above (no statement).
+        waiting = earlier_in_answer(rows, new_id, self.now())
         if resumed:
             current = next(m for m in history if m.id == new_id)
             history = [m for m in history if m.id != new_id] + [current]
-            return TurnStart(session_id, current, history, previous, resumed=True)
-        return TurnStart(session_id, history[-1] if history else None, history, previous)
+            return TurnStart(session_id, current, history, previous, resumed=True, waiting_on=waiting)
+        return TurnStart(session_id, history[-1] if history else None, history, previous, waiting_on=waiting)
 
     async def get_session(self, session_id: str) -> Session | None:
         """A session row."""
@@ -471,6 +480,7 @@ class SessionStore:
             ).all()
             if len(live) <= max_messages:
                 return None
+            live = in_answer_order(live)  # ordering: a message and its reply are cut together
             cut = [stored_message(m) for m in live[: len(live) - keep_messages]]
             archive_id = "a_" + secrets.token_hex(8)
             now = self.now()
