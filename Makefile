@@ -53,6 +53,7 @@ QUICK_memory_prompt := --records 20000 --runs 100
 QUICK_consolidation := --notes 2000
 QUICK_learning_delay := --runs 3
 QUICK_dashboard_pages := --records 20000 --runs 10
+QUICK_multi_process := --seconds 5 --runs 1
 BENCHES := $(sort $(wildcard bench/*.py))
 
 bench: $(DEV_STAMP)

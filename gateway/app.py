@@ -95,7 +95,6 @@ class Gateway:
         await upgrade(self.engine)
         self.pairing = PairingStore(self.engine, clock=self.clock)
         self.sessions = SessionStore(self.engine, clock=self.clock)
-        self.sessions.answer_lease_s = self.config.session.answer_lease_seconds
         self.provider = self._provider_override or make_provider(self.config.llm)
         await self.provider.start()
         self.memory, job_handlers = build_memory(self)

@@ -144,7 +144,7 @@ class AnswerOrder:
         return Lease(self, row_id)
 
     async def set_lease(self, row_id: int, until: datetime | None) -> None:
-        """Renew (or, with None, clear) a message's lease, unless its reply is stored."""
+        """Renew (or, with None, clear) a message's lease."""
         async with self.engine.begin() as conn:
             await conn.execute(update(Message).where(Message.id == row_id).values(answering_until=until))
 

@@ -39,11 +39,6 @@ async def serve_forever(cfg: Config, *, child: int | None = None) -> None:
     runner = web.AppRunner(gw.web, access_log=None)
     await runner.setup()
     try:
-        if child is None and cfg.worker.mode == "inline":
-            # The background work on its own thread and event loop: a job never delays a turn.
-            thread = WorkerThread(cfg, metrics=gw.metrics)
-            await thread.start()
-            gw.wake_remote_worker = thread.wake
         site = web.TCPSite(runner, cfg.server.host, cfg.server.port, reuse_port=True if child is not None else None)
         await site.start()
         port = cfg.server.port
@@ -56,6 +51,12 @@ async def serve_forever(cfg: Config, *, child: int | None = None) -> None:
             print_login(cfg, source.generated_file)
         else:
             log.info("dashboard: log in at http://%s:%s/ with server.dashboard_token", cfg.server.host, port)
+        if child is None and cfg.worker.mode == "inline":
+            # The background work on its own thread and event loop (after the listener: /healthz
+            # answers meanwhile): a job never delays a turn.
+            thread = WorkerThread(cfg, metrics=gw.metrics)
+            await thread.start()
+            gw.wake_remote_worker = thread.wake
         await gw.start_channels()
         # Answer what the last process left unanswered, without holding up the listener.
         resume = asyncio.create_task(resume_unanswered(gw), name="goclaw-resume") if not child else None

@@ -181,6 +181,7 @@ class TurnHandler:
         self._trims: set[asyncio.Task[None]] = set()
         self.budgets = PromptBudgets(memory=config.memory.prompt_token_budget)
         # Across processes, a session's earlier message still being answered elsewhere goes first.
+        sessions.answer_lease_s = config.session.answer_lease_seconds  # begin_turn's insert takes the lease
         self.order = AnswerOrder(sessions.engine, lease_s=config.session.answer_lease_seconds, clock=sessions.now)
 
     async def handle(self, req: TurnRequest, *, on_chunk: ChunkSink | None = None) -> TurnResult:

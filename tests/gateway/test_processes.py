@@ -365,3 +365,52 @@ def test_serve_with_workers_exits_nonzero_when_a_process_cannot_start(pg_url: st
     assert out.returncode == 2, out.stdout + out.stderr
     assert "exited with status" in out.stderr
     assert "stopped the others" in out.stderr
+
+
+def test_on_sqlite_a_slow_job_runs_on_the_worker_thread_and_turns_go_on(tmp_path: Path) -> None:
+    users = asyncio.run(_seed(f"sqlite+aiosqlite:///{tmp_path / 'g.db'}", 1))
+    token = "thread-token-0123456789abcdef"
+    peer_port, port = free_port(), free_port()
+    hold = tmp_path / "hold"
+    hold.touch()  # the extraction model answers only once this is gone
+    peer_log = tmp_path / "peer.jsonl"
+    peer_log.touch()
+    cfg = {
+        "database": {"url": f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"},
+        "llm": {"provider": "openai", "model": "echo", "base_url": f"http://127.0.0.1:{peer_port}/v1", "api_key": "k"},
+        "server": {"port": port, "api_users": [{"token": token, "user": users[0]}]},
+        "session": {"max_messages": 4, "keep_messages": 2, "idle_extract_seconds": 0},
+        "logging": {"level": "INFO"},
+    }
+    (tmp_path / "config.yaml").write_text(json.dumps(cfg))
+    procs = [
+        _spawn(["-m", "tests.peers.echo_openai", str(peer_port), "0", str(peer_log), str(hold)], ROOT, tmp_path / "p"),
+        _spawn(["-m", "gateway", "serve", "--config", "config.yaml"], tmp_path, tmp_path / "serve.log"),
+    ]
+    try:
+        wait_for(lambda: healthy(port), "goclaw serve", procs)
+        for i in range(5):  # the fifth passes max_messages: a trim and its extraction job
+            status, body = _post(port, token, "first", f"s0-m{i} hello", f"s0-m{i}")
+            assert status == 200, body
+        wait_for(lambda: "extraction_result" in peer_log.read_text(), "the job's model call", procs)
+        # The job waits on its model; turns of this session and another go on meanwhile.
+        for i in range(5, 8):
+            status, body = _post(port, token, "first" if i % 2 else "second", f"s1-m{i} hi", f"s1-m{i}")
+            assert (status, body["reply"]) == (200, f"re s1-m{i}"), body
+        _msgs, jobs = asyncio.run(_rows(cfg["database"]["url"]))
+        assert next(j.status for j in jobs if j.kind == "extract") == "running"
+        hold.unlink()
+
+        def extract_done() -> bool:
+            jobs = asyncio.run(_rows(cfg["database"]["url"]))[1]
+            return bool(jobs) and all(j.status == "done" for j in jobs if j.kind == "extract")
+
+        wait_for(extract_done, "the job to finish", procs)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(timeout=30)
+    log = (tmp_path / "serve.log").read_text()
+    assert procs[1].returncode == 0, log
+    assert "Traceback" not in log
