@@ -509,7 +509,11 @@ class SessionStore:
             # The idle sweep may have extracted the slice's older messages already: the job
             # extracts only what lies after the mark (the archive still holds the whole slice).
             extracted_through = session.extracted_through or 0
-            session.extracted_through = max(extracted_through, cut[-1].id)
+            # ordering: a reply cut with its message may have a later id than a kept message; the mark
+            # stays below every kept one, so nothing kept counts as extracted (one process: cut[-1].id).
+            kept_from = min((m.id for m in live[len(live) - keep_messages :]), default=cut[-1].id + 1)
+            through = max((m.id for m in cut if m.id < kept_from), default=extracted_through)
+            session.extracted_through = max(extracted_through, through)
             job = Job(
                 kind="extract",
                 payload={

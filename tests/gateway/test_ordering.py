@@ -158,3 +158,43 @@ async def test_the_lease_is_renewed_while_a_long_turn_runs(engine: AsyncEngine, 
     await until(renewed)
     release.set()
     assert (await task).reply == "late"
+
+
+async def test_a_trim_cuts_a_reply_with_its_message_and_marks_nothing_kept_as_extracted(
+    engine: AsyncEngine, clock: Clock
+) -> None:
+    sessions = SessionStore(engine, clock=clock)
+
+    async def said(text: str) -> int:
+        start = await sessions.begin_turn(
+            KEY, platform_message_id=text, speaker=ALICE, display_name="Alice", text=text, said_at=clock.now,
+            history_limit=50,
+        )  # fmt: skip
+        assert start.stored is not None
+        return start.stored.id
+
+    async def answer(row_id: int, text: str) -> None:
+        sid = await sessions.session_id(KEY)
+        await sessions.store_message(
+            sid, platform_message_id=f"{text}:reply", speaker=None, display_name="goclaw", text=f"re {text}",
+            said_at=clock.now, is_agent=True, reply_to=row_id,
+        )  # fmt: skip
+
+    # Two processes: m2 was stored while m1 was being answered, so m1's reply has a later id than m2.
+    m1 = await said("m1")
+    m2 = await said("m2")
+    await answer(m1, "m1")
+    await answer(m2, "m2")
+    for i in range(3, 6):
+        await answer(await said(f"m{i}"), f"m{i}")
+    sid = await sessions.session_id(KEY)
+    trimmed = await sessions.trim(
+        sid, max_messages=8, keep_messages=8, turn_principal=ALICE, trust_of=lambda _m: "none"
+    )
+    assert trimmed is not None
+    cut = await sessions.archive_messages(trimmed.archive_id)
+    assert [m.text for m in cut] == ["m1", "re m1"]
+    assert [m.text for m in await sessions.history(sid)][:2] == ["m2", "re m2"]
+    session = await sessions.get_session(sid)
+    assert session is not None
+    assert session.extracted_through == m1  # m2 (kept) is not counted as extracted
