@@ -160,7 +160,7 @@ class AnswerOrder:
         current = start.stored.id
         blockers = start.waiting_on
         first = {b.message_row_id: b.until for b in blockers}
-        log.info(
+        log.debug(
             "session %s: message %s waits for earlier message(s) %s being answered elsewhere",
             start.session_id,
             current,
