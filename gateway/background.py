@@ -112,6 +112,11 @@ class Background:
                                 await conn.commit()
                         finally:
                             await self._stop_singletons()
+                            # A session lock outlives the transaction: let it go before the connection
+                            # goes back to the pool (a dead connection took it with it already).
+                            with contextlib.suppress(Exception):
+                                await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": SINGLETON_LOCK_KEY})
+                                await conn.commit()
                     else:
                         await conn.rollback()
             except asyncio.CancelledError:

@@ -31,6 +31,12 @@ async def serve_forever(cfg: Config, *, child: int | None = None) -> None:
     """
     from gateway.background import WorkerThread
 
+    # Handled from the start: a stop asked for while the gateway (or its worker thread) starts is
+    # carried out once it has started, never a kill halfway through.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     # policy (issue 9): admin access always needs a secret; without a configured one, one is kept in the data folder.
     cfg, source = with_dashboard_token(cfg)
     gw = Gateway(cfg)
@@ -60,10 +66,6 @@ async def serve_forever(cfg: Config, *, child: int | None = None) -> None:
         await gw.start_channels()
         # Answer what the last process left unanswered, without holding up the listener.
         resume = asyncio.create_task(resume_unanswered(gw), name="goclaw-resume") if not child else None
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         if resume is not None:
             resume.cancel()

@@ -251,9 +251,17 @@ def test_two_serve_processes_and_two_workers_share_one_database(stack: dict[str,
     # The scheduled work (idle sweep, consolidation, SOP schedules) ran in one worker.
     leading = [n for n in ("worker0", "worker1") if "runs the scheduled work" in stack["logs"][n].read_text()]
     assert len(leading) == 1, leading
-    # Neither serve process ran a job.
+    # Neither serve process ran it.
     for n in ("serve0", "serve1"):
         assert "runs the scheduled work" not in stack["logs"][n].read_text()
+
+    # The leading worker dies: the other takes the scheduled work over (its lock went with the connection).
+    lead = int(leading[0][-1])
+    procs[3 + lead].kill()
+    procs[3 + lead].wait(timeout=30)
+    other = stack["logs"][f"worker{1 - lead}"]
+    alive = [p for n, p in enumerate(procs) if n != 3 + lead]
+    wait_for(lambda: "runs the scheduled work" in other.read_text(), "the other worker to take over", alive)
 
 
 def test_consolidation_runs_in_one_process_at_a_time(pg_url: str, tmp_path: Path) -> None:
