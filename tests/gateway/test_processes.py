@@ -332,15 +332,18 @@ def test_separate_worker_on_sqlite_is_a_config_error(tmp_path: Path) -> None:
     assert "worker.mode: separate needs PostgreSQL" in out.stderr
 
 
-def _workers_config(tmp_path: Path, url: str, port: int) -> None:
+def _workers_config(tmp_path: Path, url: str, port: int, api_users: list[dict[str, str]] | None = None) -> None:
+    server = {"port": port, "api_users": api_users or []}
     (tmp_path / "config.yaml").write_text(
-        json.dumps({"database": {"url": url}, "server": {"port": port}, "logging": {"level": "INFO"}})
+        json.dumps({"database": {"url": url}, "server": server, "logging": {"level": "INFO"}})
     )
 
 
 def test_serve_with_two_workers_shares_the_port_and_stops_on_sigterm(pg_url: str, tmp_path: Path) -> None:
     port = free_port()
-    _workers_config(tmp_path, pg_url, port)
+    token = "workers-token-0123456789abcdef"
+    user = asyncio.run(_seed(pg_url, 1))[0]
+    _workers_config(tmp_path, pg_url, port, [{"token": token, "user": user}])
     log = tmp_path / "out.log"
     parent = _spawn(["-m", "gateway", "serve", "--config", "config.yaml", "--workers", "2"], tmp_path, log)
     try:
@@ -348,6 +351,10 @@ def test_serve_with_two_workers_shares_the_port_and_stops_on_sigterm(pg_url: str
         assert healthy(port)
         wait_for(lambda: "goclaw worker: running" in log.read_text(), "the worker process", [parent])
         assert log.read_text().count("?token=") == 1  # one login URL, from the parent
+        # Turns through the shared port, whichever process the kernel hands each connection to.
+        for i in range(6):
+            status, body = _post(port, token, "shared", f"s0-m{i} hello", f"s0-m{i}")
+            assert status == 200 and body["reply"], body
     finally:
         parent.send_signal(signal.SIGTERM)
         parent.wait(timeout=60)
