@@ -54,6 +54,7 @@ QUICK_consolidation := --notes 2000
 QUICK_learning_delay := --runs 3
 QUICK_dashboard_pages := --records 20000 --runs 10
 QUICK_stream_ttft := --runs 15
+QUICK_multi_process := --seconds 5 --runs 1
 BENCHES := $(sort $(wildcard bench/*.py))
 
 bench: $(DEV_STAMP)

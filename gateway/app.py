@@ -85,6 +85,8 @@ class Gateway:
         # Tests may set these before start(); start() adds memory's obligations and router.
         self.sop_holds: Holds | None = None
         self.sop_before_step: list[Hook] = []
+        # Where the background work runs when not here (gateway/background.py): how to wake it.
+        self.wake_remote_worker: Callable[[], None] | None = None
 
     async def start(self, *, channels: bool = True, worker: bool = True) -> None:
         """Migrate the database, open the model, build the turn and web app, start channels and the worker."""
@@ -128,7 +130,7 @@ class Gateway:
             memory=(guard := PayloadGuard(self.memory)),
             metrics=self.metrics,
             clock=self.clock,
-            on_trim=lambda _r: self.worker.wake(),
+            on_trim=lambda _r: self.wake_worker(),
         )
         self.automation = Automation(
             config=self.config.automation,
@@ -201,6 +203,10 @@ class Gateway:
                 token, self.dispatcher.handle, shard_ids=ch.discord.shard_ids, shard_count=ch.discord.shard_count
             )
             self.channel_state["discord"] = "stopped"
+
+    def wake_worker(self) -> None:
+        """Tell the job worker there is work (a trim's extraction job, a deferred revision)."""
+        (self.wake_remote_worker or self.worker.wake)()
 
     async def system_turn(
         self, system_name: str, text: str, *, session: str = "default", message_id: str | None = None

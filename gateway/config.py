@@ -187,6 +187,9 @@ class SessionConfig(_Model):
     resume_unanswered_seconds: int = Field(default=300, ge=0)
     # A background job's lease, renewed while it runs: a dead worker's job is taken over after this.
     job_lease_seconds: int = Field(default=30, ge=2)
+    # How long a message being answered holds back the session's later messages in other processes
+    # if its process dies (renewed every third of it while the turn runs; gateway/ordering.py).
+    answer_lease_seconds: float = Field(default=30, ge=2)
 
     @model_validator(mode="after")
     def _keep_below_max(self) -> SessionConfig:
@@ -341,6 +344,14 @@ class IntelligenceConfig(_Model):
         return {s: tuple(r.value for r in named.get(s, [Role.ADMIN])) for s in _SEVERITY_ORDER}
 
 
+class WorkerConfig(_Model):
+    """Where the background work runs: durable jobs, idle extraction, consolidation, SOP schedules."""
+
+    # inline: ``goclaw serve`` runs it, on a thread with its own event loop (off the turns' loop).
+    # separate: ``goclaw serve`` runs none of it; ``goclaw worker`` does (PostgreSQL only).
+    mode: Literal["inline", "separate"] = "inline"
+
+
 class LoggingConfig(_Model):
     """Log output."""
 
@@ -360,6 +371,17 @@ class Config(_Model):
     automation: AutomationConfig = Field(default_factory=AutomationConfig)
     intelligence: IntelligenceConfig = Field(default_factory=IntelligenceConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    worker: WorkerConfig = Field(default_factory=WorkerConfig)
+
+    @model_validator(mode="after")
+    def _separate_worker_needs_postgres(self) -> Config:
+        if self.worker.mode == "separate" and not self.database.url.startswith("postgresql"):
+            raise ValueError(
+                "worker.mode: separate needs PostgreSQL (database.url is SQLite, which one process owns); "
+                "use worker.mode: inline (the worker runs on its own thread inside goclaw serve), "
+                "or point database.url at PostgreSQL"
+            )
+        return self
 
     @model_validator(mode="after")
     def _emulator_only_on_loopback(self) -> Config:

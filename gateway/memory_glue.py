@@ -453,5 +453,5 @@ def build_memory(gw: Gateway) -> tuple[GatewayMemory, dict[str, JobHandler]]:
         clock=gw.clock,
         on_identity_change=glue.forget_identity,
     )
-    writer.defer_revision = revision_enqueuer(gw.sessions, lambda: gw.worker.wake())
+    writer.defer_revision = revision_enqueuer(gw.sessions, lambda: gw.wake_worker())
     return glue, {"extract": glue.extract_job, REVISE_JOB: revise_job(reviser)}

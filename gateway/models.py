@@ -62,6 +62,8 @@ class Message(GatewayBase):
     )
     # Whether the sender asked for an answer (store-only group messages did not).
     reply_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # The lease of the turn answering this message (gateway/ordering.py); None when nobody is.
+    answering_until: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class Heartbeat(GatewayBase):

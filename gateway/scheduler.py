@@ -18,7 +18,8 @@ cache per process):
 Consolidation is singleton work: on PostgreSQL each run holds the session
 advisory lock ``pg_try_advisory_lock(CONSOLIDATION_LOCK_KEY)``, so only one
 gateway process consolidates at a time (the others skip that run); on SQLite
-(one gateway process) no lock is needed. Within a process, runs never overlap.
+(one gateway process, whose worker thread has its own Scheduler) a lock of the
+process does the same. Within a process, runs never overlap.
 
 Wiring it (``gateway/app.py``)::
 
@@ -51,6 +52,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, time, timedelta
@@ -83,6 +85,9 @@ DISTILL_WAIT = timedelta(minutes=5)
 DISTILL_MAX_WAIT = timedelta(hours=6)
 CONSOLIDATION_LOCK_KEY = int.from_bytes(hashlib.sha256(b"goclaw:memory-consolidation").digest()[:8], "big", signed=True)
 """The PostgreSQL advisory lock key of consolidation (one process at a time)."""
+
+# SQLite: the serving thread (notes_distill) and the worker thread each have a Scheduler; one runs at a time.
+_PROCESS_LOCK = threading.Lock()
 
 BUSY = "A consolidation is already running (here or in another gateway process); try again in a few minutes."
 
@@ -232,7 +237,12 @@ class Scheduler:
     async def _singleton(self) -> AsyncIterator[bool]:
         """Hold the consolidation lock: in this process always, across processes on PostgreSQL."""
         if self.engine.dialect.name != "postgresql":
-            yield True
+            got = _PROCESS_LOCK.acquire(blocking=False)
+            try:
+                yield got
+            finally:
+                if got:
+                    _PROCESS_LOCK.release()
             return
         async with self.engine.connect() as conn:
             got = bool(
@@ -253,7 +263,7 @@ class Scheduler:
             return None
         async with self._running, self._singleton() as held:
             if not held:
-                log.info("consolidation (%s) skipped: another gateway process is consolidating", trigger)
+                log.info("consolidation (%s) skipped: another gateway process or thread is consolidating", trigger)
                 return None
             run = await self.consolidator.run(principal)
         self.last_run = run

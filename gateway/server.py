@@ -1,10 +1,15 @@
-"""Running the gateway process."""
+"""Running the gateway process, or N of them sharing one port (``goclaw serve --workers N``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 from aiohttp import web
 
@@ -16,39 +21,173 @@ from gateway.web.auth import login_url, with_dashboard_token
 log = logging.getLogger("goclaw")
 
 
-async def serve_forever(cfg: Config) -> None:
-    """Start the gateway, serve the web app, and run until SIGINT/SIGTERM."""
+async def serve_forever(cfg: Config, *, child: int | None = None) -> None:
+    """Start the gateway, serve the web app, and run until SIGINT/SIGTERM.
+
+    ``child`` is set for the processes of ``goclaw serve --workers N``: they
+    share the port (SO_REUSEPORT), run no background work (their parent started
+    a ``goclaw worker`` for it, or the operator runs one) and print no login URL
+    (the parent did); only child 0 answers what a dead process left unanswered.
+    """
+    from gateway.background import WorkerThread
+
+    # Handled from the start: a stop asked for while the gateway (or its worker thread) starts is
+    # carried out once it has started, never a kill halfway through.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     # policy (issue 9): admin access always needs a secret; without a configured one, one is kept in the data folder.
     cfg, source = with_dashboard_token(cfg)
     gw = Gateway(cfg)
-    await gw.start(channels=False)
+    await gw.start(channels=False, worker=False)
+    thread: WorkerThread | None = None
     runner = web.AppRunner(gw.web, access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, cfg.server.host, cfg.server.port)
+        site = web.TCPSite(runner, cfg.server.host, cfg.server.port, reuse_port=True if child is not None else None)
         await site.start()
         port = cfg.server.port
         log.info("goclaw listening on http://%s:%s (model: %s)", cfg.server.host, port, gw.provider.name)
         token = cfg.server.dashboard_token
-        if source.generated_file is not None and token is not None:
+        if child is not None:
+            pass  # the parent printed the login URL once
+        elif source.generated_file is not None and token is not None:
             # Printed once per start, as Jupyter does; the token lives in a file only the operator can read.
-            url = login_url(cfg.server.host, port, token.get_secret_value())
-            print(
-                f"\nDashboard (log in as the operator):\n    {url}\n"
-                f"The token is kept in {source.generated_file} (mode 0600).\n",
-                flush=True,
-            )
+            print_login(cfg, source.generated_file)
         else:
             log.info("dashboard: log in at http://%s:%s/ with server.dashboard_token", cfg.server.host, port)
+        if child is None and cfg.worker.mode == "inline":
+            # The background work on its own thread and event loop (after the listener: /healthz
+            # answers meanwhile): a job never delays a turn.
+            thread = WorkerThread(cfg, metrics=gw.metrics)
+            await thread.start()
+            gw.wake_remote_worker = thread.wake
         await gw.start_channels()
         # Answer what the last process left unanswered, without holding up the listener.
-        resume = asyncio.create_task(resume_unanswered(gw), name="goclaw-resume")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        resume = asyncio.create_task(resume_unanswered(gw), name="goclaw-resume") if not child else None
         await stop.wait()
-        resume.cancel()
+        if resume is not None:
+            resume.cancel()
     finally:
         await runner.cleanup()
+        if thread is not None:
+            await thread.stop()
         await gw.stop()
+
+
+def print_login(cfg: Config, token_file: Path) -> None:
+    """The operator's login URL, printed once per start."""
+    token = cfg.server.dashboard_token
+    assert token is not None
+    url = login_url(cfg.server.host, cfg.server.port, token.get_secret_value())
+    print(
+        f"\nDashboard (log in as the operator):\n    {url}\nThe token is kept in {token_file} (mode 0600).\n",
+        flush=True,
+    )
+
+
+class SuperviseError(Exception):
+    """``goclaw serve --workers N`` cannot run as configured, or a process of it died."""
+
+
+def workers_refusal(cfg: Config, workers: int) -> str | None:
+    """Why ``--workers N`` cannot run with ``cfg``, or None."""
+    if workers < 1:
+        return "--workers must be at least 1"
+    if workers == 1:
+        return None
+    if not cfg.database.url.startswith("postgresql"):
+        return (
+            f"--workers {workers} needs PostgreSQL: database.url is SQLite, which one process owns (one writer at a "
+            "time). Run one process (it already does its background work on its own thread), or point "
+            "database.url at PostgreSQL (postgresql+asyncpg://user@host/db)"
+        )
+    if cfg.server.port == 0:
+        return f"--workers {workers} shares one port between processes: set server.port (0 picks one per process)"
+    if cfg.channels.discord.enabled:
+        return (
+            f"--workers {workers} with channels.discord enabled would connect one bot per process; "
+            "split guilds with channels.discord.shard_ids across separate `goclaw serve` processes instead"
+        )
+    return None
+
+
+def supervise(cfg: Config, config_path: str | None, workers: int) -> int:
+    """Run ``workers`` serve processes on one port (and a ``goclaw worker`` for ``worker.mode: inline``).
+
+    The parent migrates the database once, prints the login URL once, forwards
+    SIGINT/SIGTERM to its children and waits for them. If a child exits on its
+    own (it could not start, or it died), the others are stopped and the exit
+    status is 1, with a message that names the process.
+
+    Returns:
+        The exit status.
+    """
+    from gateway.db import make_engine, upgrade
+
+    async def migrate() -> None:
+        engine = make_engine(cfg.database.url)
+        try:
+            await upgrade(engine)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(migrate())  # once, before N processes would race for it
+    cfg_with_token, source = with_dashboard_token(cfg)
+    base = [sys.executable, "-m", "gateway"]
+    conf = ["--config", config_path] if config_path else []
+    commands = [(f"serve process {i}", [*base, "serve", *conf, "--child", str(i)]) for i in range(workers)]
+    if cfg.worker.mode == "inline":
+        commands.append(("worker process", [*base, "worker", *conf]))
+    children: list[tuple[str, subprocess.Popen[bytes]]] = []
+    stopping = False
+    died: tuple[str, int, int] | None = None
+
+    def on_signal(_sig: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for name, cmd in commands:
+            children.append((name, subprocess.Popen(cmd, env=os.environ.copy())))
+        log.info(
+            "goclaw: %d serve processes on http://%s:%s (SO_REUSEPORT)%s; pids %s",
+            workers,
+            cfg.server.host,
+            cfg.server.port,
+            " and a worker process" if cfg.worker.mode == "inline" else "; run `goclaw worker` for background work",
+            ", ".join(str(p.pid) for _n, p in children),
+        )
+        if source.generated_file is not None:
+            print_login(cfg_with_token, source.generated_file)
+        while not stopping:
+            for name, proc in children:
+                code = proc.poll()
+                if code is not None:
+                    died = (name, proc.pid, code)
+                    break
+            if died:
+                break
+            time.sleep(0.2)
+    finally:
+        for _name, proc in children:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for _name, proc in children:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if died is not None:
+        name, pid, code = died
+        raise SuperviseError(
+            f"goclaw serve --workers {workers}: the {name} (pid {pid}) exited with status {code}; "
+            "stopped the others (its own message above says why)"
+        )
+    return 0

@@ -13,8 +13,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.db import dialect_insert
 from gateway.hotstore import hot_store
-from gateway.hotstore.base import NewMessage, TrimSession, TrimWrite, TurnMessage, TurnRecordRow
+from gateway.hotstore.base import MessageRow, NewMessage, TrimSession, TrimWrite, TurnMessage, TurnRecordRow
 from gateway.models import Archive, Job, Message, Session
+from gateway.ordering import ANSWER_LEASE_S, Blocker, earlier_in_answer, in_answer_order, lease_until
 from memory.archive_format import render_archive_markdown
 from memory.types import SliceMessage
 from pairing.principal import Principal, PrincipalKind, Role
@@ -82,6 +83,8 @@ class TurnStart:
     previous_context: str
     reply: str | None = None  # a duplicate's stored reply
     resumed: bool = False  # ``stored`` was stored before but never answered: answer it now
+    # Earlier messages another process is still answering (gateway/ordering.py): the turn waits for them.
+    waiting_on: tuple[Blocker, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +185,7 @@ class SessionStore:
         self._clock = clock or (lambda: datetime.now(UTC))
         self._dialect = engine.dialect.name
         self._hot = hot_store(engine)
+        self.answer_lease_s = ANSWER_LEASE_S  # session.answer_lease_seconds (gateway/ordering.py)
 
     def now(self) -> datetime:
         """The store's clock."""
@@ -265,17 +269,22 @@ class SessionStore:
                 now=self.now(),
                 history_limit=history_limit,
                 reply_requested=reply_requested,
+                # ordering: the lease of the turn that answers it, in the same insert.
+                answering_until=lease_until(self.now(), self.answer_lease_s) if reply_requested else None,
             )
         )
         session_id, previous, new_id = start.session_id, start.previous_context, start.message_id
         if new_id is None:
             return TurnStart(session_id, None, [], previous, reply=start.reply)
-        history = [StoredMessage(*r) for r in reversed(start.rows)]
+        # ordering: each reply right after its message (with several processes a reply may come after a later message).
+        history = [StoredMessage(*r.stored()) for r in in_answer_order(start.rows)]
+        # ordering: earlier messages still answered elsewhere, read from the rows above (no statement).
+        waiting = earlier_in_answer(start.rows, new_id, self.now())
         if start.resumed:
             current = next(m for m in history if m.id == new_id)
             history = [m for m in history if m.id != new_id] + [current]
-            return TurnStart(session_id, current, history, previous, resumed=True)
-        return TurnStart(session_id, history[-1] if history else None, history, previous)
+            return TurnStart(session_id, current, history, previous, resumed=True, waiting_on=waiting)
+        return TurnStart(session_id, history[-1] if history else None, history, previous, waiting_on=waiting)
 
     async def get_session(self, session_id: str) -> Session | None:
         """A session row."""
@@ -414,16 +423,21 @@ class SessionStore:
         """
         planned: list[TrimWrite] = []
 
-        def plan(session: TrimSession, live_rows: list[tuple[Any, ...]]) -> TrimWrite | None:
+        def plan(session: TrimSession, live_rows: list[MessageRow]) -> TrimWrite | None:
             if len(live_rows) <= max_messages:
                 return None
-            cut = [StoredMessage(*r) for r in live_rows[: len(live_rows) - keep_messages]]
+            live = in_answer_order(live_rows)  # ordering: a message and its reply are cut together
+            cut = [StoredMessage(*r.stored()) for r in live[: len(live) - keep_messages]]
             archive_id = "a_" + secrets.token_hex(8)
             summary = summarize(cut)
             trust = trust_of([m.as_slice() for m in cut])
             # The idle sweep may have extracted the slice's older messages already: the job
             # extracts only what lies after the mark (the archive still holds the whole slice).
             extracted_through = session.extracted_through or 0
+            # ordering: a reply cut with its message may have a later id than a kept message; the mark
+            # stays below every kept one, so nothing kept counts as extracted (one process: cut[-1].id).
+            kept_from = min((m.id for m in live[len(live) - keep_messages :]), default=cut[-1].id + 1)
+            through = max((m.id for m in cut if m.id < kept_from), default=extracted_through)
             write = TrimWrite(
                 message_ids=[m.id for m in cut],
                 archive_id=archive_id,
@@ -434,7 +448,7 @@ class SessionStore:
                 summary=summary,
                 markdown=render_archive(session, archive_id, cut, trust, summary),
                 previous_context=(session.previous_context + "\n" + summary).strip()[-context_chars:],
-                extracted_through=max(extracted_through, cut[-1].id),
+                extracted_through=max(extracted_through, through),
                 job_payload={
                     "session_id": session_id,
                     "archive_id": archive_id,

@@ -15,6 +15,7 @@ from gateway.explain import TurnExplanation, directive_explanation, explain_turn
 from gateway.llm.base import ChatMessage, DeltaSink, LLMProvider, LLMUnavailable, Tool
 from gateway.llm.limit import ModelCallLimit
 from gateway.metrics import Metrics
+from gateway.ordering import AnswerOrder
 from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, learning_line, safe_name
 from gateway.sessions import SessionKey, SessionStore, StoredMessage, TrimResult
 from memory.types import SliceMessage
@@ -190,6 +191,9 @@ class TurnHandler:
         self.model_calls = ModelCallLimit(config.llm.max_concurrent_calls)
         self._trims: set[asyncio.Task[None]] = set()
         self.budgets = PromptBudgets(memory=config.memory.prompt_token_budget)
+        # Across processes, a session's earlier message still being answered elsewhere goes first.
+        sessions.answer_lease_s = config.session.answer_lease_seconds  # begin_turn's insert takes the lease
+        self.order = AnswerOrder(sessions.engine, lease_s=config.session.answer_lease_seconds, clock=sessions.now)
 
     async def handle(self, req: TurnRequest, *, on_chunk: ChunkSink | None = None) -> TurnResult:
         """Store ``req`` (once) and answer it if asked; trim the session's history after the reply.
@@ -280,10 +284,22 @@ class TurnHandler:
                 "session %s: message %s was stored but never answered; answering it now", session_id, req.message_id
             )
         result = TurnResult(session_id, None)
-        live = len(start.history)
-        if req.reply:
+        if not req.reply:
+            return result, len(start.history) > self.config.session.max_messages or start.resumed
+        # ordering (gateway/ordering.py): this turn's lease, and its place behind earlier messages elsewhere.
+        lease = self.order.hold(start.stored.id)
+        failed = True
+        try:
+            if start.resumed:
+                await self.order.take(start.stored.id)
+            if start.waiting_on:
+                start = await self.order.wait(start, history_limit=self.config.session.max_messages + 2)
+            assert start.stored is not None
             result = await self._answer(session_id, req, start.stored, start.history, start.previous_context, on_chunk)
-            live += 1  # the stored reply
+            failed = result.failed
+        finally:
+            await lease.end(clear=failed)
+        live = len(start.history) + 1  # the stored reply
         return result, live > self.config.session.max_messages or start.resumed
 
     async def _answer(

@@ -91,23 +91,63 @@ _mount_obligations()
 
 @app.command()
 @cli_errors
-def serve(config: str | None = ConfigOpt) -> None:
-    """Run the gateway: migrations, web server, enabled channels, memory worker."""
-    from gateway.server import serve_forever
+def serve(
+    config: str | None = ConfigOpt,
+    workers: int = typer.Option(
+        1, "--workers", help="Serve processes sharing the port (SO_REUSEPORT; PostgreSQL only when more than 1)."
+    ),
+    child: int | None = typer.Option(None, "--child", hidden=True, help="Internal: one process of --workers N."),
+) -> None:
+    """Run the gateway: migrations, web server, enabled channels, memory worker (see worker.mode)."""
+    from gateway.server import SuperviseError, serve_forever, supervise, workers_refusal
 
     cfg = load(config)
     check_secrets(cfg)
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for warning in cfg.warnings:
         logging.getLogger("goclaw").warning(warning)
+    refusal = workers_refusal(cfg, workers)
+    if refusal:
+        raise fail(refusal)
     try:
-        asyncio.run(serve_forever(cfg))
+        if workers > 1:
+            supervise(cfg, config, workers)
+            return
+        asyncio.run(serve_forever(cfg, child=child))
     except KeyboardInterrupt:
         pass
+    except SuperviseError as exc:
+        raise fail(str(exc)) from None
     except DatabaseUnavailable as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"cannot listen on {cfg.server.host}:{cfg.server.port}: {exc.strerror}; set server.port") from None
+
+
+@app.command()
+@cli_errors
+def worker(config: str | None = ConfigOpt) -> None:
+    """Run the background work only (jobs, idle extraction, consolidation, SOP schedules): no listener, no channels.
+
+    For ``worker.mode: separate`` on PostgreSQL; any number may run (jobs are
+    claimed once; the scheduled work runs in one of them at a time).
+    """
+    from gateway.background import run_worker_forever
+
+    cfg = load(config)
+    check_secrets(cfg)
+    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not cfg.database.url.startswith("postgresql"):
+        raise fail(
+            "goclaw worker needs PostgreSQL: database.url is SQLite, which one process owns; "
+            "with SQLite, goclaw serve runs the background work on its own thread (worker.mode: inline)"
+        )
+    try:
+        asyncio.run(run_worker_forever(cfg))
+    except KeyboardInterrupt:
+        pass
+    except DatabaseUnavailable as exc:
+        raise fail(str(exc)) from None
 
 
 @config_app.command("check")

@@ -15,7 +15,7 @@ import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 # Column kinds a raw row's values are decoded by (SQLite stores datetimes and JSON as text):
 from memory.store import DATETIME as DATETIME  # the kinds memory asks its raw reads to decode
@@ -42,6 +42,27 @@ class TurnMessage:
     now: datetime
     history_limit: int
     reply_requested: bool
+    answering_until: datetime | None = None  # the answer lease (gateway/ordering.py), set in the insert
+
+
+class MessageRow(NamedTuple):
+    """One row of ``sql.MESSAGE_SELECT``: a stored message's fields, then what ordering reads."""
+
+    id: int
+    session_id: str
+    platform_message_id: str
+    speaker_user_id: str | None
+    stored_role: str | None
+    display_name: str
+    text: str
+    said_at: datetime
+    is_agent: bool
+    reply_to_id: int | None
+    answering_until: datetime | None
+
+    def stored(self) -> tuple[Any, ...]:
+        """The fields of a ``StoredMessage``, in its order."""
+        return self[:9]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +79,7 @@ class TurnRows:
     session_id: str
     previous_context: str
     message_id: int | None
-    rows: list[tuple[Any, ...]]
+    rows: list[MessageRow]
     reply: str | None = None
     resumed: bool = False
 
@@ -122,7 +143,7 @@ class TrimWrite:
     crash_after: str | None = None  # the crash tests only: "mark", "archive" or "job"
 
 
-TrimPlan = Callable[[TrimSession, list[tuple[Any, ...]]], TrimWrite | None]
+TrimPlan = Callable[[TrimSession, list[MessageRow]], TrimWrite | None]
 """Given the session and its live messages (``sql.MESSAGE_SELECT`` tuples, oldest first): the write, or None."""
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from gateway.hotstore import sql
 from gateway.hotstore.base import (
     HotStore,
+    MessageRow,
     NewMessage,
     TrimPlan,
     TrimSession,
@@ -138,6 +139,7 @@ class PostgresHotStore(HotStore):
                 _aware(m.said_at),
                 _aware(m.now),
                 m.reply_requested,
+                None if m.answering_until is None else _aware(m.answering_until),
             )
             resumed = False
             if new_id is None:
@@ -148,10 +150,10 @@ class PostgresHotStore(HotStore):
                 if not old[1]:
                     await conn.execute(_ASK_REPLY, old[0])
                 new_id, resumed = old[0], True
-            rows = [tuple(r) for r in await conn.fetch(_HISTORY, session_id, new_id, m.history_limit)]
+            rows = [MessageRow(*r) for r in await conn.fetch(_HISTORY, session_id, new_id, m.history_limit)]
             if resumed and (not rows or rows[0][0] != new_id):
                 # Already trimmed into an archive: answer it with what is still live.
-                rows.insert(0, tuple(await conn.fetchrow(_MESSAGE_BY_ID, new_id)))
+                rows.insert(0, MessageRow(*await conn.fetchrow(_MESSAGE_BY_ID, new_id)))
         return TurnRows(session_id, previous, new_id, rows, resumed=resumed)
 
     async def store_message(self, m: NewMessage) -> tuple[int, int | None] | None:
@@ -201,7 +203,7 @@ class PostgresHotStore(HotStore):
             row = await conn.fetchrow(_TRIM_SESSION, session_id)
             if row is None:
                 return None
-            live = [tuple(r) for r in await conn.fetch(_LIVE, session_id)]
+            live = [MessageRow(*r) for r in await conn.fetch(_LIVE, session_id)]
             w = plan(TrimSession(*row), live)
             if w is None:
                 return None

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 
 MESSAGE_SELECT = (
-    "SELECT id, session_id, platform_message_id, speaker_user_id, stored_role, display_name, text, said_at, is_agent"
-    " FROM messages"
+    "SELECT id, session_id, platform_message_id, speaker_user_id, stored_role, display_name, text, said_at, is_agent,"
+    " reply_to_id, answering_until FROM messages"
 )
 USER_ROLE = "SELECT role, display_name FROM users WHERE id = ?"
 IDENTITY_ROLE = (
@@ -25,7 +25,8 @@ NEW_SESSION = (
 )
 NEW_MESSAGE = (
     "INSERT INTO messages (session_id, platform_message_id, speaker_user_id, stored_role, display_name,"
-    " text, said_at, is_agent, created_at, reply_requested) VALUES (?, ?, ?, ?, ?, ?, ?, FALSE, ?, ?)"
+    " text, said_at, is_agent, created_at, reply_requested, answering_until)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, FALSE, ?, ?, ?)"
     " ON CONFLICT (session_id, is_agent, platform_message_id) DO NOTHING RETURNING id"
 )
 OLD_MESSAGE = (

@@ -31,6 +31,7 @@ from gateway.hotstore.base import (
     DATETIME,
     JSON_VALUE,
     HotStore,
+    MessageRow,
     NewMessage,
     TrimPlan,
     TrimSession,
@@ -70,9 +71,10 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return (code & 0xFF) in _BUSY_CODES
 
 
-def _message_row(r: tuple[Any, ...]) -> tuple[Any, ...]:
-    # id, session_id, platform_message_id, speaker_user_id, stored_role, display_name, text, said_at, is_agent
-    return (*r[:7], decode_time(r[7]), bool(r[8]))
+def _message_row(r: tuple[Any, ...]) -> MessageRow:
+    # id, session_id, platform_message_id, speaker_user_id, stored_role, display_name, text, said_at, is_agent,
+    # reply_to_id, answering_until
+    return MessageRow(*r[:7], decode_time(r[7]), bool(r[8]), r[9], decode_time(r[10]))
 
 
 class SQLiteHotStore(HotStore):
@@ -233,6 +235,7 @@ def _begin_turn(conn: sqlite3.Connection, m: TurnMessage) -> TurnRows:
             encode_time(m.said_at),
             encode_time(m.now),
             int(m.reply_requested),
+            None if m.answering_until is None else encode_time(m.answering_until),
         ),
     ).fetchone()
     resumed = False
