@@ -91,7 +91,12 @@ async def test_cli_approval_in_another_process_tells_the_person_on_their_channel
     assert "You are paired" in told.content
     assert f"{alice.user_id}, role admin" in told.content
     assert "@notes:" in told.content  # an admin is told what an admin can do
-    assert await NoticeOutbox(world.gw.engine).status(alice.user_id) == [("discord", "sent", told.content)]
+    # The outbox row is marked sent after the platform accepted the post: the person may see it first.
+    outbox, want = NoticeOutbox(world.gw.engine), [("discord", "sent", told.content)]
+    deadline = asyncio.get_running_loop().time() + 30
+    while await outbox.status(alice.user_id) != want and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    assert await outbox.status(alice.user_id) == want
 
 
 async def test_dm_approval_tells_the_person_as_what_and_their_help_lists_only_their_commands(world: World) -> None:
