@@ -34,7 +34,8 @@ from typing import Any
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# As in bench/turn_overhead.py: another tree's database is migrated and seeded by that tree's code.
+sys.path.insert(0, os.environ.get("GOCLAW_BENCH_SOURCE") or str(ROOT))
 
 from bench.turn_overhead import free_port, pct, wait_up
 
@@ -173,7 +174,15 @@ async def run_gateway(
         db_url, pg_name = await fresh_pg_database(args.postgres)
     else:
         db_url = f"sqlite+aiosqlite:///{tmp}/{name}.db"
-    users = await seed_users(db_url, args.users)
+    seeded = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, __file__, "--seed-users-into", db_url, "--users", str(args.users)],
+        env={**os.environ, "GOCLAW_BENCH_SOURCE": str(source)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    users = json.loads(seeded.stdout.strip().splitlines()[-1])
     tokens = [f"bench-token-{name}-{i:04d}-0123456789" for i in range(len(users))]
     peer_port, gw_port = free_port(), free_port()
     cfg = tmp / f"{name}.yaml"
@@ -231,6 +240,7 @@ async def main() -> None:
     ap.add_argument("--limit", type=int, default=256, help="llm.max_concurrent_calls of the measured gateway")
     ap.add_argument("--baseline-limit", type=int, default=32, help="main's ceiling (its 32-slot turn semaphore)")
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--seed-users-into", default=None, help=argparse.SUPPRESS)  # the child that seeds one database
     ap.add_argument(
         "--postgres",
         nargs="?",
@@ -246,6 +256,9 @@ async def main() -> None:
         help="run the baseline from this source tree (e.g. an export of main) on its own defaults",
     )
     args = ap.parse_args()
+    if args.seed_users_into:
+        print(json.dumps(await seed_users(args.seed_users_into, args.users)))
+        return
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         if not args.no_baseline:

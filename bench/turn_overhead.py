@@ -34,7 +34,9 @@ from pathlib import Path
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# A gateway from another tree (--baseline-source) has its database seeded by that tree's own code
+# (its own migrations): this script runs again as a child with GOCLAW_BENCH_SOURCE pointing there.
+sys.path.insert(0, os.environ.get("GOCLAW_BENCH_SOURCE") or str(ROOT))
 
 TOKEN = "bench-token-0123456789abcdef"
 
@@ -179,7 +181,15 @@ class Gateway:
         self.proc: subprocess.Popen[bytes] | None = None
 
     async def start(self, seed_messages: int) -> None:
-        user_id = await seed(self.db_url, seed_messages)
+        seeded = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, __file__, "--seed-into", self.db_url, "--seed-messages", str(seed_messages)],
+            env={**os.environ, "GOCLAW_BENCH_SOURCE": str(self.source)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        user_id = seeded.stdout.strip().splitlines()[-1]
         cfg = self.tmp / "config.yaml"
         cfg.write_text(
             json.dumps(
@@ -221,7 +231,11 @@ async def main() -> None:
     ap.add_argument("--postgres", action="store_true", help="fresh PostgreSQL databases instead of SQLite files")
     ap.add_argument("--pg-server", default="postgresql://postgres@127.0.0.1:5432/postgres")
     ap.add_argument("--baseline-source", type=Path, default=None, help="also run a gateway from this tree")
+    ap.add_argument("--seed-into", default=None, help=argparse.SUPPRESS)  # the child that seeds one database
     args = ap.parse_args()
+    if args.seed_into:
+        print(await seed(args.seed_into, args.seed_messages))
+        return
     levels = [int(c) for c in args.clients.split(",")]
 
     with tempfile.TemporaryDirectory() as tmpdir:
