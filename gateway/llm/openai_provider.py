@@ -105,6 +105,9 @@ class OpenAIProvider(SdkProvider[openai.AsyncOpenAI]):
             base_url=self.base_url,
             timeout=self.timeout,
             max_retries=0,  # gateway.llm.retry decides, the same way for every provider
+            # The SDK's aiohttp transport: its default (httpx) pool scans every connection for each
+            # request, which with hundreds of model calls in flight was most of a turn's CPU.
+            http_client=openai.DefaultAioHttpClient(timeout=self.timeout),
         )
 
     @staticmethod

@@ -86,6 +86,21 @@ def _reason_phrase(exc: BaseException, status: int) -> str:
     return f"{status} {phrase}".strip() if isinstance(phrase, str) else str(status)
 
 
+def _refusal_in_causes(exc: BaseException) -> BaseException | None:
+    """The refused connection somewhere in ``exc``'s causes (the transport's own error), if any."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ConnectionRefusedError):
+            return cur
+        for arg in getattr(cur, "args", ()):
+            if isinstance(arg, ConnectionRefusedError):
+                return arg
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 def describe_failure(exc: BaseException) -> str:
     """One line naming why a call failed, fit for an operator or a log."""
     status = status_of(exc)
@@ -93,6 +108,10 @@ def describe_failure(exc: BaseException) -> str:
     suffix = f": {detail}" if detail else ""
     if status is None:
         name = type(exc).__name__
+        refused = _refusal_in_causes(exc)
+        if refused is not None:
+            # Before the timeout check: a transport may report a refused connection as a connect timeout.
+            return f"could not connect ({refused})"
         if "Timeout" in name or isinstance(exc, TimeoutError):
             return "the request timed out"
         if "Connection" in name or isinstance(exc, ConnectionError):
