@@ -27,16 +27,14 @@ with no reply left scripted, gets a 400 naming the problem, kept in ``rejections
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
-import re
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from types import TracebackType
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+
+from tests.peers.scripted_peer import ScriptedPeer, ScriptedReply, split_for_stream
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -50,131 +48,22 @@ ERROR_TYPES = {
 }
 
 
-def split_for_stream(text: str) -> list[str]:
-    """Word-sized chunks (each keeping its trailing space), as the API would stream them."""
-    return re.findall(r"\S+\s*|\s+", text) or [text]
-
-
-@dataclass
-class ScriptedReply:
-    """One answer the fake will give, in order."""
-
-    text: str = ""
-    chunks: list[str] | None = None
-    tool_calls: list[tuple[str, str, Any]] = field(default_factory=list)  # (id, name, input)
-    status: int = 200
-    error_message: str = ""
-    headers: dict[str, str] = field(default_factory=dict)
-    delay: float = 0.0
-    usage: tuple[int, int] = (12, 7)
-    model: str | None = None
-    token_delay: float | None = None  # None: the peer's own token_delay
-    hold: asyncio.Event | None = None  # the last text piece waits for it
-    fail_after: int | None = None  # drop the connection after this many text pieces
-
-
-class FakeAnthropic:
+class FakeAnthropic(ScriptedPeer):
     """An aiohttp server on 127.0.0.1 (a free port) implementing POST /v1/messages."""
 
-    def __init__(self, *, token_delay: float = 0.0) -> None:
-        """Prepare an empty script; ``start()`` binds the port.
+    PATH = "/v1/messages"
+    RETRY_AFTER = "retry-after"
 
-        Args:
-            token_delay: Seconds between the pieces of every streamed reply.
-        """
-        self.token_delay = token_delay
-        self.streams_finished = 0  # streamed replies sent to their end
-        self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []  # lower-cased names
-        self.rejections: list[str] = []
-        self._script: deque[ScriptedReply] = deque()
-        self._ids = itertools.count(1)
-        self._runner: web.AppRunner | None = None
-        self.port = 0
+    def _endpoint(self) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        return self._messages
 
-    # ---- lifecycle --------------------------------------------------------------------
-
-    async def start(self) -> None:
-        """Listen on 127.0.0.1, on a port the OS picks."""
-        app = web.Application()
-        app.router.add_post("/v1/messages", self._messages)
-        self._runner = web.AppRunner(app, shutdown_timeout=1.0)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.port = int(self._runner.addresses[0][1])
-
-    async def stop(self) -> None:
-        """Close the listener and every connection."""
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
-
-    async def __aenter__(self) -> FakeAnthropic:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
+    def _call_id(self, n: int) -> str:
+        return f"toolu_fake{n:04d}"
 
     @property
     def base_url(self) -> str:
         """What a client passes as ``base_url`` (the SDK appends ``/v1/messages``)."""
         return f"http://127.0.0.1:{self.port}"
-
-    # ---- scripting --------------------------------------------------------------------
-
-    def reply_text(
-        self,
-        text: str,
-        *,
-        chunks: list[str] | None = None,
-        delay: float = 0.0,
-        usage: tuple[int, int] = (12, 7),
-        model: str | None = None,
-        token_delay: float | None = None,
-        hold: asyncio.Event | None = None,
-        fail_after: int | None = None,
-    ) -> None:
-        """Answer the next request with text (streamed as ``chunks``, default word by word).
-
-        ``delay`` is before the answer starts; the others shape a streamed answer
-        (see the module doc).
-        """
-        self._script.append(
-            ScriptedReply(
-                text=text,
-                chunks=chunks,
-                delay=delay,
-                usage=usage,
-                model=model,
-                token_delay=token_delay,
-                hold=hold,
-                fail_after=fail_after,
-            )
-        )
-
-    def reply_tool_calls(self, *calls: tuple[str, Any], text: str = "") -> list[str]:
-        """Answer the next request with ``tool_use`` blocks, each ``(name, input)``.
-
-        Returns the tool_use ids, in order.
-        """
-        scripted = [(f"toolu_fake{next(self._ids):04d}", name, arguments) for name, arguments in calls]
-        self._script.append(ScriptedReply(text=text, tool_calls=scripted))
-        return [call_id for call_id, _, _ in scripted]
-
-    def reply_error(self, status: int, message: str | None = None, *, retry_after: float | str | None = None) -> None:
-        """Answer the next request with an HTTP error in the API's error body shape."""
-        headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
-        self._script.append(
-            ScriptedReply(status=status, error_message=message or f"fake error {status}", headers=headers)
-        )
-
-    @property
-    def pending(self) -> int:
-        """Scripted replies not yet used."""
-        return len(self._script)
 
     # ---- the endpoint -----------------------------------------------------------------
 
