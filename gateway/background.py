@@ -209,7 +209,10 @@ class WorkerThread:
 
 async def run_worker_forever(cfg: Config) -> None:
     """``goclaw worker``: the background work in this process, no listener, no channels, until SIGINT/SIGTERM."""
+    from gateway.heap import settle_heap
+
     gw, bg = await _start_worker_gateway(cfg)
+    settle_heap()
     try:
         log.info(
             "goclaw worker running (jobs, idle extraction, consolidation, SOP schedules; model: %s)", gw.provider.name

@@ -30,6 +30,7 @@ async def serve_forever(cfg: Config, *, child: int | None = None) -> None:
     (the parent did); only child 0 answers what a dead process left unanswered.
     """
     from gateway.background import WorkerThread
+    from gateway.heap import settle_heap
 
     # Handled from the start: a stop asked for while the gateway (or its worker thread) starts is
     # carried out once it has started, never a kill halfway through.
@@ -64,6 +65,7 @@ async def serve_forever(cfg: Config, *, child: int | None = None) -> None:
             await thread.start()
             gw.wake_remote_worker = thread.wake
         await gw.start_channels()
+        settle_heap()  # everything start-up made, out of the collector's way (gateway/heap.py)
         # Answer what the last process left unanswered, without holding up the listener.
         resume = asyncio.create_task(resume_unanswered(gw), name="goclaw-resume") if not child else None
         await stop.wait()
