@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.db import dialect_insert
@@ -469,9 +469,7 @@ class SessionStore:
 
     async def archive_messages(self, archive_id: str) -> list[StoredMessage]:
         """The messages of one trimmed slice, oldest first."""
-        async with self._sessions() as s:
-            rows = (await s.scalars(select(Message).where(Message.archive_id == archive_id).order_by(Message.id))).all()
-            return [stored_message(m) for m in rows]
+        return [StoredMessage(*r.stored()) for r in await self._hot.archive_messages(archive_id)]
 
     async def get_archive(self, archive_id: str) -> Archive | None:
         """One archive."""
@@ -493,41 +491,24 @@ class SessionStore:
     async def claim_job(
         self, worker_id: str, *, kinds: Sequence[str] = ("extract",), lease_s: float = 30
     ) -> Job | None:
-        """Claim the oldest runnable job (``FOR UPDATE SKIP LOCKED`` on PostgreSQL).
+        """Claim the oldest runnable job once (``FOR UPDATE SKIP LOCKED`` on PostgreSQL).
 
         A job whose worker died (lease expired while running) is runnable again.
+        On the hot store: the worker claims one per job, and looks once more when idle.
+        The job returned is a detached copy of the claimed row.
         """
         now = self.now()
-        async with self._sessions.begin() as s:
-            runnable = and_(
-                Job.kind.in_(kinds),
-                ((Job.status == "pending") & (Job.run_after <= now))
-                | ((Job.status == "running") & (Job.locked_at < now - timedelta(seconds=lease_s))),
-            )
-            q = select(Job).where(runnable).order_by(Job.id).limit(1)
-            if self._dialect == "postgresql":
-                q = q.with_for_update(skip_locked=True)
-            job = (await s.scalars(q)).first()
-            if job is None:
-                return None
-            res = await s.execute(
-                update(Job)
-                .where(Job.id == job.id, Job.status == job.status, Job.attempts == job.attempts)
-                .values(status="running", locked_by=worker_id, locked_at=now, attempts=job.attempts + 1)
-            )
-            if res.rowcount != 1:  # type: ignore[attr-defined]
-                return None
-            await s.refresh(job)
-            return job
+        row = await self._hot.claim_job(worker_id, tuple(kinds), now, now - timedelta(seconds=lease_s))
+        return None if row is None else Job(**row._asdict())
 
     async def finish_job(self, job_id: int, s: AsyncSession | None = None) -> None:
         """Mark a job done (inside the caller's transaction when given)."""
-        stmt = update(Job).where(Job.id == job_id).values(status="done", finished_at=self.now(), last_error=None)
-        if s is not None:
-            await s.execute(stmt)
+        if s is None:
+            await self._hot.finish_job(job_id, self.now())
             return
-        async with self._sessions.begin() as own:
-            await own.execute(stmt)
+        await s.execute(
+            update(Job).where(Job.id == job_id).values(status="done", finished_at=self.now(), last_error=None)
+        )
 
     async def fail_job(
         self, job_id: int, error: str, *, raw_answer: str | None = None, max_attempts: int = 5, base_delay_s: float = 5

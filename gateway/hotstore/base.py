@@ -65,6 +65,23 @@ class MessageRow(NamedTuple):
         return self[:9]
 
 
+class JobRow(NamedTuple):
+    """One row of the jobs table, in ``sql.JOB_COLUMNS`` order (the payload decoded)."""
+
+    id: int
+    kind: str
+    payload: dict[str, Any]
+    status: str
+    attempts: int
+    run_after: datetime
+    locked_by: str | None
+    locked_at: datetime | None
+    last_error: str | None
+    raw_answer: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
 @dataclass(frozen=True, slots=True)
 class TurnRows:
     """What ``begin_turn`` read and wrote: raw message tuples in ``sql.MESSAGE_SELECT`` order.
@@ -185,6 +202,22 @@ class HotStore(abc.ABC):
 
         Returns the extraction job's id, or None when there was nothing to trim.
         """
+
+    @abc.abstractmethod
+    async def claim_job(
+        self, worker_id: str, kinds: Sequence[str], now: datetime, stale_before: datetime
+    ) -> JobRow | None:
+        """Claim the oldest runnable job of ``kinds`` once: pending and due at ``now``, or running on a lease
+        taken before ``stale_before`` (its worker died). Returns the claimed row, or None.
+        """
+
+    @abc.abstractmethod
+    async def finish_job(self, job_id: int, now: datetime) -> None:
+        """Mark a job done."""
+
+    @abc.abstractmethod
+    async def archive_messages(self, archive_id: str) -> list[MessageRow]:
+        """The messages of one trimmed slice, oldest first."""
 
     @abc.abstractmethod
     async def select(self, sql: str, args: Sequence[Any], kinds: Sequence[str | None]) -> list[tuple[Any, ...]]:

@@ -19,6 +19,7 @@ from typing import Any
 from gateway.hotstore import sql
 from gateway.hotstore.base import (
     HotStore,
+    JobRow,
     MessageRow,
     NewMessage,
     TrimPlan,
@@ -41,6 +42,14 @@ _TRIM_SESSION = numbered(sql.TRIM_SESSION) + " FOR UPDATE"
 _LIVE, _ARCHIVE, _TRIMMED_SESSION, _EXTRACT_JOB = (
     numbered(q) for q in (sql.LIVE, sql.ARCHIVE, sql.TRIMMED_SESSION, sql.EXTRACT_JOB)
 )
+# One round trip: the oldest runnable job, skipping rows another worker has locked, claimed in the same statement.
+_CLAIM_JOB = (
+    "UPDATE jobs SET status = 'running', locked_by = $1, locked_at = $2, attempts = attempts + 1"
+    " WHERE id = (SELECT id FROM jobs WHERE kind = ANY($3::varchar[])"
+    " AND ((status = 'pending' AND run_after <= $2) OR (status = 'running' AND locked_at < $4))"
+    " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING " + sql.JOB_COLUMNS
+)
+_FINISH_JOB, _ARCHIVE_MESSAGES = numbered(sql.FINISH_JOB), numbered(sql.ARCHIVE_MESSAGES)
 _MARK = "UPDATE messages SET archive_id = $1 WHERE id = ANY($2::integer[])"
 
 
@@ -232,6 +241,24 @@ class PostgresHotStore(HotStore):
             job_id = await conn.fetchval(_EXTRACT_JOB, w.job_payload, created, created)
             crash_point(w, "job")
         return int(job_id)
+
+    async def claim_job(
+        self, worker_id: str, kinds: Sequence[str], now: datetime, stale_before: datetime
+    ) -> JobRow | None:
+        """Claim the oldest runnable job in one statement (``FOR UPDATE SKIP LOCKED``)."""
+        pool = await self._get_pool()
+        row = await pool.fetchrow(_CLAIM_JOB, worker_id, _aware(now), list(kinds), _aware(stale_before))
+        return None if row is None else JobRow(*row)
+
+    async def finish_job(self, job_id: int, now: datetime) -> None:
+        """Mark a job done."""
+        pool = await self._get_pool()
+        await pool.execute(_FINISH_JOB, _aware(now), job_id)
+
+    async def archive_messages(self, archive_id: str) -> list[MessageRow]:
+        """The messages of one trimmed slice, oldest first."""
+        pool = await self._get_pool()
+        return [MessageRow(*r) for r in await pool.fetch(_ARCHIVE_MESSAGES, archive_id)]
 
     async def select(self, sql: str, args: Sequence[Any], kinds: Sequence[str | None]) -> list[tuple[Any, ...]]:
         """One read statement (``$n`` parameters; asyncpg decodes every column itself)."""

@@ -59,6 +59,33 @@ EXTRACT_JOB = (
     " VALUES ('extract', ?, 'pending', 0, ?, ?) RETURNING id"
 )
 
+# ---- the job queue (the worker's every job: claim, the trimmed slice, done) -------------
+JOB_COLUMNS = (
+    "id, kind, payload, status, attempts, run_after, locked_by, locked_at, last_error, raw_answer, created_at,"
+    " finished_at"
+)
+
+
+def next_job(n_kinds: int) -> str:
+    """The oldest runnable job of ``n_kinds`` kinds: due and pending, or running on an expired lease.
+
+    Parameters: the kinds, then now (due), then the lease cut-off.
+    """
+    kinds = ", ".join("?" * n_kinds)
+    return (
+        f"SELECT id, status, attempts FROM jobs WHERE kind IN ({kinds})"
+        " AND ((status = 'pending' AND run_after <= ?) OR (status = 'running' AND locked_at < ?))"
+        " ORDER BY id LIMIT 1"
+    )
+
+
+CLAIM_JOB = (
+    "UPDATE jobs SET status = 'running', locked_by = ?, locked_at = ?, attempts = attempts + 1"
+    " WHERE id = ? AND status = ? AND attempts = ? RETURNING " + JOB_COLUMNS
+)
+FINISH_JOB = "UPDATE jobs SET status = 'done', finished_at = ?, last_error = NULL WHERE id = ?"
+ARCHIVE_MESSAGES = MESSAGE_SELECT + " WHERE archive_id = ? ORDER BY id"
+
 
 def numbered(sql: str) -> str:
     """``?`` parameters as ``$1``, ``$2``, ... (no statement here has a ``?`` inside a literal)."""

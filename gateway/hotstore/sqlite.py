@@ -31,6 +31,7 @@ from gateway.hotstore.base import (
     DATETIME,
     JSON_VALUE,
     HotStore,
+    JobRow,
     MessageRow,
     NewMessage,
     TrimPlan,
@@ -75,6 +76,15 @@ def _message_row(r: tuple[Any, ...]) -> MessageRow:
     # id, session_id, platform_message_id, speaker_user_id, stored_role, display_name, text, said_at, is_agent,
     # reply_to_id, answering_until
     return MessageRow(*r[:7], decode_time(r[7]), bool(r[8]), r[9], decode_time(r[10]))
+
+
+def _job_row(r: tuple[Any, ...]) -> JobRow:
+    # sql.JOB_COLUMNS: id, kind, payload, status, attempts, run_after, locked_by, locked_at, last_error,
+    # raw_answer, created_at, finished_at
+    return JobRow(
+        r[0], r[1], json.loads(r[2]), r[3], r[4], decode_time(r[5]), r[6], decode_time(r[7]), r[8], r[9],
+        decode_time(r[10]), decode_time(r[11]),
+    )  # fmt: skip
 
 
 class SQLiteHotStore(HotStore):
@@ -193,6 +203,45 @@ class SQLiteHotStore(HotStore):
     async def trim(self, session_id: str, plan: TrimPlan) -> int | None:
         """One trim in one ``BEGIN IMMEDIATE`` transaction."""
         return await self._run(lambda conn: _trim(conn, session_id, plan), write=True)
+
+    # ---- the job queue ---------------------------------------------------------------------
+
+    async def claim_job(
+        self, worker_id: str, kinds: Sequence[str], now: datetime, stale_before: datetime
+    ) -> JobRow | None:
+        """Find the oldest runnable job outside a transaction, then claim it compare-and-set.
+
+        An idle worker's look finds nothing and takes no write lock; a job another
+        worker claimed in between is not claimed twice (the update matches no row).
+        """
+        find = (sql.next_job(len(kinds)), (*kinds, encode_time(now), encode_time(stale_before)))
+        claim = sql.CLAIM_JOB
+        at = encode_time(now)
+
+        def look(conn: sqlite3.Connection) -> tuple[int, str, int] | None:
+            return conn.execute(*find).fetchone()
+
+        def take(conn: sqlite3.Connection, job_id: int, status: str, attempts: int) -> JobRow | None:
+            row = conn.execute(claim, (worker_id, at, job_id, status, attempts)).fetchone()
+            return None if row is None else _job_row(row)
+
+        while (found := await self._run(look, write=False)) is not None:
+            claimed = await self._run(lambda conn: take(conn, *found), write=True)
+            if claimed is not None:
+                return claimed
+        return None
+
+    async def finish_job(self, job_id: int, now: datetime) -> None:
+        """Mark a job done."""
+        await self._run(lambda conn: conn.execute(sql.FINISH_JOB, (encode_time(now), job_id)), write=True)
+
+    async def archive_messages(self, archive_id: str) -> list[MessageRow]:
+        """The messages of one trimmed slice, oldest first."""
+
+        def body(conn: sqlite3.Connection) -> list[MessageRow]:
+            return [_message_row(r) for r in conn.execute(sql.ARCHIVE_MESSAGES, (archive_id,)).fetchall()]
+
+        return await self._run(body, write=False)
 
     async def select(self, sql: str, args: Sequence[Any], kinds: Sequence[str | None]) -> list[tuple[Any, ...]]:
         """One read statement (``?`` parameters; datetimes are encoded, values decoded by ``kinds``)."""

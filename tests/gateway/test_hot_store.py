@@ -18,9 +18,10 @@ from sqlalchemy import event, func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.db import make_engine
 from gateway.explain import TurnExplanation
 from gateway.hotstore import hot_store
-from gateway.models import Heartbeat, Message, TurnRecord
+from gateway.models import Heartbeat, Job, Message, TurnRecord
 from gateway.sessions import SessionKey, SessionStore
 from gateway.write_health import storage_reason
 from memory.models import MemoryRecord, MemoryTerm
@@ -204,6 +205,73 @@ async def test_candidates_are_what_the_sqlalchemy_statement_returns(engine: Asyn
         assert {v.id: v for v in got.personal} == {v.id: v for v, _ in by_part["personal"]}
         assert {v.id: v for v in got.recent_notes} == {v.id: v for v, _ in by_part["recent"]}
         assert bool(words) == bool(got.matched_notes) and bool(user_id) == bool(got.personal)
+
+
+async def _trimmed(store: SessionStore, conversation: str) -> tuple[str, str]:
+    """A session of three messages trimmed to one: (session id, archive id); the trim queued its job."""
+    sid = await store.session_id(SessionKey("web", conversation))
+    for i in range(3):
+        await store.store_message(
+            sid, platform_message_id=f"{conversation}-{i}", speaker=ALICE, display_name="A", text=f"t{i}",
+            said_at=store.now(),
+        )  # fmt: skip
+    done = await store.trim(sid, max_messages=2, keep_messages=1, turn_principal=ALICE, trust_of=lambda _: "user")
+    assert done is not None
+    return sid, done.archive_id
+
+
+async def test_each_job_is_claimed_once_across_processes_and_reads_back_as_stored(
+    engine: AsyncEngine, db_url: str, clock: Clock
+) -> None:
+    store = SessionStore(engine, clock=clock)
+    trimmed = [await _trimmed(store, f"conv-{i}") for i in range(2)]
+    other_engine = make_engine(db_url)  # a second process's engine and hot store on the same database
+    try:
+        other = SessionStore(other_engine, clock=clock)
+        assert await store.claim_job("w-revise", kinds=("revise",)) is None  # only the kinds asked for
+        claims = await asyncio.gather(*(s.claim_job(f"w{i}", lease_s=60) for i, s in enumerate([store, other] * 3)))
+        got = sorted((j for j in claims if j is not None), key=lambda j: j.id)
+        assert len(got) == 2 and len({j.id for j in got}) == 2  # two jobs, each claimed once
+        for job, (sid, archive_id) in zip(got, trimmed, strict=True):
+            assert (job.kind, job.status, job.attempts) == ("extract", "running", 1)
+            assert job.payload["archive_id"] == archive_id and job.payload["session_id"] == sid
+            assert job.locked_at == clock.now and job.locked_at.tzinfo is not None
+            async with store._sessions() as s:
+                orm = await s.get(Job, job.id)
+                assert orm is not None
+                assert (orm.locked_by, orm.locked_at, orm.attempts, orm.payload, orm.run_after, orm.created_at) == (
+                    job.locked_by, job.locked_at, job.attempts, job.payload, job.run_after, job.created_at,
+                )  # fmt: skip
+        # The slice the job extracts: what SQLAlchemy reads for the archive, oldest first.
+        sid, archive_id = trimmed[0]
+        async with store._sessions() as s:
+            orm_rows = (await s.scalars(select(Message).where(Message.archive_id == archive_id))).all()
+        assert [m.text for m in await other.archive_messages(archive_id)] == ["t0", "t1"]
+        assert [m.id for m in await store.archive_messages(archive_id)] == sorted(m.id for m in orm_rows)
+        clock.advance(seconds=5)
+        await other.finish_job(got[0].id)
+        (done,) = await store.jobs(status="done")
+        assert done.id == got[0].id and done.finished_at == clock.now and done.last_error is None
+        # The other job's worker died: its lease expires and another claims it, attempt 2.
+        assert await store.claim_job("w-late", lease_s=60) is None
+        clock.advance(seconds=61)
+        again = await other.claim_job("w-late", lease_s=60)
+        assert again is not None and (again.id, again.attempts, again.locked_by) == (got[1].id, 2, "w-late")
+        assert await store.claim_job("w-later", lease_s=60) is None
+    finally:
+        await other_engine.dispose()
+
+
+async def test_a_job_not_yet_due_is_not_claimed(engine: AsyncEngine, clock: Clock) -> None:
+    store = SessionStore(engine, clock=clock)
+    await _trimmed(store, "conv-due")
+    job = await store.claim_job("w1")
+    assert job is not None
+    assert await store.fail_job(job.id, "boom", base_delay_s=5) == "pending"
+    assert await store.claim_job("w1") is None  # due in 5 s
+    clock.advance(seconds=5)
+    again = await store.claim_job("w1")
+    assert again is not None and again.attempts == 2
 
 
 async def test_a_turn_waits_for_a_cold_transaction_holding_the_write_lock(engine: AsyncEngine, clock: Clock) -> None:
