@@ -69,13 +69,23 @@ def _escape_char(ch: str) -> str:
     return ch
 
 
+_SHORT_NEEDED = re.compile(r"[\\\n\[\]]")
+
+
+def _escaped(value: str) -> str:
+    return "".join(_escape_char(ch) for ch in value)
+
+
 def encode_field(value: str) -> str:
     """A value escaped so it holds no line break, no bracket and no control character.
 
     The whole values ``-`` and ``agent`` are reserved marks (no user, the
     agent), so as a value their first character is written ``\\u{..}``.
     """
-    out = "".join(_escape_char(ch) for ch in value)
+    # Most values need no escape: every character printable (str.isprintable is False for each escaped
+    # category, and for the spaces other than " ", which go the long way and come out unchanged) and
+    # none of the four short escapes.
+    out = value if value.isprintable() and _SHORT_NEEDED.search(value) is None else _escaped(value)
     if out in _RESERVED:
         out = _code(out[0]) + out[1:]
     return out

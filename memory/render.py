@@ -47,6 +47,7 @@ MAX_QUERY_TERMS = 24
 MAX_ITEMS_PER_SECTION = 40
 PERSONAL_SHARE = 0.4
 _QUERY_TAIL_CHARS = 4000
+_QUERY_PIECE_CHARS = 400
 
 OPERATIONAL_HEADING = (
     "Operational notes: what the organisation's administrators taught you, with who taught each and when. "
@@ -100,12 +101,18 @@ def _bm25(
 
 def _query_terms(conversation_text: str) -> list[str]:
     # The end of the conversation is what the turn is about: take the newest distinct terms.
-    words = terms(conversation_text[-_QUERY_TAIL_CHARS:])
+    # The tail is read backwards a piece at a time (each cut at a space, which no term spans), so
+    # a long conversation is not tokenised past the point where enough terms are found.
+    tail = conversation_text[-_QUERY_TAIL_CHARS:]
     seen: dict[str, None] = {}
-    for w in reversed(words):
-        seen.setdefault(w, None)
-        if len(seen) >= MAX_QUERY_TERMS:
-            break
+    end = len(tail)
+    while end > 0:
+        start = tail.rfind(" ", 0, end - _QUERY_PIECE_CHARS) + 1 if end > _QUERY_PIECE_CHARS else 0
+        for w in reversed(terms(tail[start:end])):
+            seen.setdefault(w, None)
+            if len(seen) >= MAX_QUERY_TERMS:
+                return list(seen)
+        end = start - 1 if start else 0
     return list(seen)
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from memory.render import OPERATIONAL_HEADING, PERSONAL_HEADING, memory_sections
-from memory.words import estimate_tokens
+from memory.render import MAX_QUERY_TERMS, OPERATIONAL_HEADING, PERSONAL_HEADING, _query_terms, memory_sections
+from memory.words import estimate_tokens, terms
 from memory.writer import MemoryWriter
 from tests.conftest import Clock
 from tests.memory.conftest import ALICE, BOB, CAROL, CRON, T0, UNPAIRED, WEBHOOK
@@ -105,3 +107,23 @@ async def test_notes_fill_the_budget_even_when_nothing_matches(writer: MemoryWri
     await _fill(writer)
     s = await memory_sections(writer.store, ALICE, "hello there", token_budget=1000)
     assert s.operational.count("\n- ") == 4
+
+
+_WORDS = ["report", "reports", "the", "Daily", "x1", "ss", "İstanbul", "db01.internal", "hello", "a" * 70]
+
+
+@given(
+    # Few distinct words over a long text (the whole tail is read, across pieces), or many.
+    pieces=st.lists(st.sampled_from(_WORDS), min_size=100, max_size=900)
+    | st.lists(st.sampled_from(_WORDS) | st.text(max_size=12), max_size=900),
+    seps=st.sampled_from([" ", "  ", ", ", "\n", "-"]),
+)
+def test_query_terms_are_the_newest_distinct_terms_of_the_conversation_tail(pieces: list[str], seps: str) -> None:
+    # The tail is read backwards a piece at a time; the terms must be exactly those of the whole tail.
+    text = seps.join(pieces)
+    seen: dict[str, None] = {}
+    for w in reversed(terms(text[-4000:])):
+        seen.setdefault(w, None)
+        if len(seen) >= MAX_QUERY_TERMS:
+            break
+    assert _query_terms(text) == list(seen)
