@@ -23,6 +23,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, TypeVar
 
 from gateway.hotstore import sql
@@ -57,8 +58,13 @@ def encode_time(value: datetime) -> str:
     return value.replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
+@lru_cache(maxsize=16_384)
 def decode_time(value: str | None) -> datetime | None:
-    """The inverse of ``encode_time`` (timezone-aware UTC)."""
+    """The inverse of ``encode_time`` (timezone-aware UTC).
+
+    Kept for the values seen lately: a session's history is read again every turn,
+    and a stored time never changes.
+    """
     return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC)
 
 
