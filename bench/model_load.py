@@ -5,7 +5,11 @@ every chat.completions request after ``--model-ms`` (structured requests, the
 extractor's and the judge's, get an empty valid answer). The gateway runs as its
 own ``goclaw serve`` process with ``llm.provider: openai`` pointed at the peer
 and ``--users`` API users; this process is the client: ``--sessions`` concurrent
-sessions post /v1/chat for ``--seconds``, while /healthz is sampled every 50 ms.
+sessions post /v1/chat for ``--seconds``, while another process samples /healthz
+every 50 ms (on this process's loop it would wait behind the sessions' own
+responses). The sessions' first messages are spread evenly over one model time,
+as independent people's are; ``--burst`` starts them all in the same instant
+instead, so that they stay in step: every answer arrives in one wave.
 
 Reported for each gateway: turns/s, p50/p99 latency above the model's time,
 errors, /healthz p50/p99. The baseline in the same run is main's ceiling: the
@@ -13,7 +17,7 @@ same gateway with 32 model calls in flight (main held a 32-slot semaphore across
 the whole turn, ``session.max_concurrent_sessions``, which caps the same way).
 
     .venv/bin/python bench/model_load.py [--sessions 200] [--seconds 20] [--model-ms 500]
-        [--users 20] [--baseline-limit 32] [--limit 256] [--no-baseline] [--postgres [URL]]
+        [--users 20] [--baseline-limit 32] [--limit 256] [--no-baseline] [--burst] [--postgres [URL]]
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # As in bench/turn_overhead.py: another tree's database is migrated and seeded by that tree's code.
 sys.path.insert(0, os.environ.get("GOCLAW_BENCH_SOURCE") or str(ROOT))
 
-from bench.turn_overhead import free_port, pct, wait_up
+from bench.turn_overhead import cpu_seconds, free_port, pct, wait_up
 
 PEER = textwrap.dedent(
     """
@@ -100,26 +104,50 @@ async def seed_users(db_url: str, n: int) -> list[str]:
     return ids
 
 
-async def healthz_sampler(url: str, stop: asyncio.Event, out: list[float]) -> None:
-    """GET /healthz every 50 ms until ``stop``; latencies in ms (a failure counts as 10 s)."""
-    async with aiohttp.ClientSession() as http:
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            try:
-                async with http.get(url) as r:
-                    await r.read()
-                    ok = r.status == 200
-            except aiohttp.ClientError:
-                ok = False
-            out.append((time.perf_counter() - t0) * 1000 if ok else 10_000.0)
-            await asyncio.sleep(0.05)
+# /healthz sampled from a process of its own: a sampler on this process's loop would wait behind the
+# 200 sessions' own responses, and its figure would be the client's queue, not the gateway's.
+HEALTH_SAMPLER = textwrap.dedent(
+    """
+    import http.client, json, sys, time
+    host, port, seconds, every = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+    out, conn, end = [], None, time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        try:
+            conn = conn or http.client.HTTPConnection(host, port, timeout=10)
+            conn.request("GET", "/healthz")
+            r = conn.getresponse()
+            r.read()
+            ok = r.status == 200
+        except (OSError, http.client.HTTPException):
+            conn, ok = None, False
+        out.append((time.perf_counter() - t0) * 1000 if ok else 10_000.0)  # a failure counts as 10 s
+        time.sleep(every)
+    print(json.dumps(out))
+    """
+)
 
 
-async def drive(base: str, tokens: list[str], sessions: int, seconds: float) -> dict[str, Any]:
-    """``sessions`` concurrent sessions posting /v1/chat for ``seconds``; the figures."""
+async def healthz_sampler(base: str, seconds: float, every: float = 0.05) -> list[float]:
+    """GET /healthz every ``every`` s for ``seconds`` from another process; latencies in ms."""
+    host, port = base.removeprefix("http://").split(":")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", HEALTH_SAMPLER, host, port, str(seconds), str(every), stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    return [float(v) for v in json.loads(out)]
+
+
+async def drive(
+    base: str, tokens: list[str], sessions: int, seconds: float, *, spread_s: float = 0.0, pid: int | None = None
+) -> dict[str, Any]:
+    """``sessions`` concurrent sessions posting /v1/chat for ``seconds``; the figures.
+
+    With ``spread_s`` the sessions' first messages are spread evenly over that time (people do not all
+    press enter in the same millisecond); with 0 they all start at once and stay in step.
+    """
     latencies: list[float] = []
     errors: dict[str, int] = {}
-    health: list[float] = []
     stop = asyncio.Event()
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=120)
@@ -127,6 +155,7 @@ async def drive(base: str, tokens: list[str], sessions: int, seconds: float) -> 
 
         async def session(s: int) -> None:
             headers = {"Authorization": f"Bearer {tokens[s % len(tokens)]}"}
+            await asyncio.sleep(spread_s * s / sessions)
             i = 0
             while not stop.is_set():
                 body = {"session": f"load-{s}", "text": f"where does the daily report come from? ({i})"}
@@ -144,15 +173,22 @@ async def drive(base: str, tokens: list[str], sessions: int, seconds: float) -> 
                     latencies.append((time.perf_counter() - t0) * 1000)
                 i += 1
 
-        sampler = asyncio.create_task(healthz_sampler(f"{base}/healthz", stop, health))
-        started = time.perf_counter()
         clients = [asyncio.create_task(session(s)) for s in range(sessions)]
+        await asyncio.sleep(spread_s)  # every session under way before anything is counted
+        latencies.clear()
+        counted = time.perf_counter()
+        cpu0 = cpu_seconds(pid) if pid else 0.0
+        sampler = asyncio.create_task(healthz_sampler(base, seconds))
         await asyncio.sleep(seconds)
         stop.set()
-        elapsed = time.perf_counter() - started
-        await asyncio.gather(*clients, sampler)
+        elapsed = time.perf_counter() - counted
+        cpu = cpu_seconds(pid) - cpu0 if pid else float("nan")
+        turns = len(latencies)
+        health = await sampler
+        await asyncio.gather(*clients)
     return {
-        "turns_s": len(latencies) / elapsed,
+        "turns_s": turns / elapsed,
+        "cpu_ms": cpu / max(turns, 1) * 1000,
         "p50": pct(latencies, 0.5),
         "p99": pct(latencies, 0.99),
         "errors": float(sum(errors.values())),
@@ -213,7 +249,8 @@ async def run_gateway(
         await wait_up(f"http://127.0.0.1:{gw_port}/healthz", timeout=90)
         base = f"http://127.0.0.1:{gw_port}"
         await drive(base, tokens, min(args.sessions, 20), 2)  # warm-up
-        return await drive(base, tokens, args.sessions, args.seconds)
+        spread = 0.0 if args.burst else args.model_ms / 1000
+        return await drive(base, tokens, args.sessions, args.seconds, spread_s=spread, pid=gw.pid)
     finally:
         for p in (gw, peer):
             p.terminate()
@@ -227,7 +264,7 @@ def line(name: str, r: dict[str, Any], model_ms: float) -> str:
     return (
         f"{name:<22} {r['turns_s']:7.1f} turns/s  p50 +{r['p50'] - model_ms:7.1f} ms  "
         f"p99 +{r['p99'] - model_ms:7.1f} ms  errors {int(r['errors'])} {r['error_kinds'] or ''}  "
-        f"/healthz p50 {r['health_p50']:6.1f} ms p99 {r['health_p99']:6.1f} ms"
+        f"/healthz p50 {r['health_p50']:6.1f} ms p99 {r['health_p99']:6.1f} ms  CPU {r['cpu_ms']:.2f} ms/turn"
     )
 
 
@@ -240,6 +277,11 @@ async def main() -> None:
     ap.add_argument("--limit", type=int, default=256, help="llm.max_concurrent_calls of the measured gateway")
     ap.add_argument("--baseline-limit", type=int, default=32, help="main's ceiling (its 32-slot turn semaphore)")
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument(
+        "--burst",
+        action="store_true",
+        help="start every session at the same instant (default: first messages spread over one model time)",
+    )
     ap.add_argument("--seed-users-into", default=None, help=argparse.SUPPRESS)  # the child that seeds one database
     ap.add_argument(
         "--postgres",
@@ -271,7 +313,8 @@ async def main() -> None:
         now = await run_gateway(Path(tmp), "gateway", ROOT, args.limit, args)
         results.append((f"gateway (limit {args.limit})", now))
     backend = "PostgreSQL" if args.postgres else "SQLite"
-    print(f"\n{args.sessions} sessions, model {args.model_ms:.0f} ms, {args.seconds:.0f} s each, {backend}:")
+    start = "all started at once" if args.burst else f"first messages spread over {args.model_ms:.0f} ms"
+    print(f"\n{args.sessions} sessions ({start}), model {args.model_ms:.0f} ms, {args.seconds:.0f} s each, {backend}:")
     for name, r in results:
         print(line(name, r, args.model_ms))
     print(
