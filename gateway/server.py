@@ -14,11 +14,46 @@ from pathlib import Path
 from aiohttp import web
 
 from gateway.app import Gateway
-from gateway.config import Config
+from gateway.cli_base import load
+from gateway.config import Config, check_secrets
+from gateway.errors import DatabaseUnavailable, GoclawError
 from gateway.resume import resume_unanswered
 from gateway.web.auth import login_url, with_dashboard_token
 
 log = logging.getLogger("goclaw")
+
+
+def serve_command(config: str | None, workers: int = 1, child: int | None = None) -> None:
+    """``goclaw serve``: load the config, then run one process (``child``: one of N), or N of them on one port.
+
+    Called by the Typer command and, without building the CLI, by
+    ``gateway/__main__.py`` (see there); either way the errors people see are the
+    ones :func:`gateway.cli_base.report_error` prints.
+
+    Raises:
+        GoclawError: the config, the database or the port cannot be used (one line for a person).
+    """
+    cfg = load(config)
+    check_secrets(cfg)
+    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for warning in cfg.warnings:
+        log.warning(warning)
+    refusal = workers_refusal(cfg, workers)
+    if refusal:
+        raise GoclawError(refusal)
+    try:
+        if workers > 1:
+            supervise(cfg, config, workers)
+            return
+        asyncio.run(serve_forever(cfg, child=child))
+    except KeyboardInterrupt:
+        pass
+    except (SuperviseError, DatabaseUnavailable) as exc:
+        raise GoclawError(str(exc)) from None
+    except OSError as exc:
+        raise GoclawError(
+            f"cannot listen on {cfg.server.host}:{cfg.server.port}: {exc.strerror}; set server.port"
+        ) from None
 
 
 async def serve_forever(cfg: Config, *, child: int | None = None) -> None:

@@ -99,29 +99,9 @@ def serve(
     child: int | None = typer.Option(None, "--child", hidden=True, help="Internal: one process of --workers N."),
 ) -> None:
     """Run the gateway: migrations, web server, enabled channels, memory worker (see worker.mode)."""
-    from gateway.server import SuperviseError, serve_forever, supervise, workers_refusal
+    from gateway.server import serve_command
 
-    cfg = load(config)
-    check_secrets(cfg)
-    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for warning in cfg.warnings:
-        logging.getLogger("goclaw").warning(warning)
-    refusal = workers_refusal(cfg, workers)
-    if refusal:
-        raise fail(refusal)
-    try:
-        if workers > 1:
-            supervise(cfg, config, workers)
-            return
-        asyncio.run(serve_forever(cfg, child=child))
-    except KeyboardInterrupt:
-        pass
-    except SuperviseError as exc:
-        raise fail(str(exc)) from None
-    except DatabaseUnavailable as exc:
-        raise fail(str(exc)) from None
-    except OSError as exc:
-        raise fail(f"cannot listen on {cfg.server.host}:{cfg.server.port}: {exc.strerror}; set server.port") from None
+    serve_command(config, workers, child)  # also what `goclaw serve` runs without this CLI (gateway/__main__.py)
 
 
 @app.command()

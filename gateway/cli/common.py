@@ -11,48 +11,24 @@ import functools
 import json
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.config import Config, find_config_path, load_config
+# The consoles, escape and load live in gateway.cli_base (`goclaw serve` uses them without Typer); the command
+# groups import them from here.
+from gateway.cli_base import USER_ERRORS, load, out, print_error, report_error
+from gateway.cli_base import err as err
+from gateway.cli_base import escape as escape
+from gateway.config import Config
 from gateway.db import make_engine, upgrade
-from gateway.errors import ConfigError, DatabaseUnavailable, GoclawError
-from pairing.store import PairingError, PairingStore, parse_identity
+from gateway.errors import DatabaseUnavailable
+from pairing.store import PairingStore, parse_identity
 
 if TYPE_CHECKING:
-    from rich.console import Console
     from rich.table import Column, Table
 
-
-class _Console:
-    """A rich ``Console`` made at its first use: `goclaw serve` prints nothing with one, and need not import rich."""
-
-    def __init__(self, **options: Any) -> None:
-        self._options = options
-        self._console: Console | None = None
-
-    def _real(self) -> Console:
-        if self._console is None:
-            from rich.console import Console
-
-            self._console = Console(**self._options)
-        return self._console
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real(), name)
-
-    # Dunder methods are looked up on the type, not through __getattr__ (rich's Live uses `with console:`).
-    def __enter__(self) -> Console:
-        return self._real().__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self._real().__exit__(*exc)
-
-
-out = cast("Console", _Console())
-err = cast("Console", _Console(stderr=True, soft_wrap=True))
 T = TypeVar("T")
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="Config file (else $GOCLAW_CONFIG, else ./config.yaml).")
@@ -92,16 +68,9 @@ def print_table(table: Table) -> None:
     out.print(table)
 
 
-def escape(text: str) -> str:
-    """``text`` with rich's markup escaped."""
-    from rich.markup import escape as rich_escape
-
-    return rich_escape(text)
-
-
 def fail(message: str) -> typer.Exit:
     """Print a one-line error and return the exit to raise (code 2)."""
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    print_error(message)
     return typer.Exit(2)
 
 
@@ -112,23 +81,10 @@ def cli_errors(fn: Callable[..., T]) -> Callable[..., T]:
     def wrapper(*args: Any, **kwargs: Any) -> T:
         try:
             return fn(*args, **kwargs)
-        except ConfigError as exc:
-            for problem in exc.problems:
-                where = f"{exc.path}: " if exc.path else ""
-                err.print(f"[bold red]error:[/] {escape(where + problem)}", highlight=False)
-            raise typer.Exit(2) from None
-        except (GoclawError, PairingError, ValueError) as exc:
-            raise fail(str(exc)) from None
+        except USER_ERRORS as exc:
+            raise typer.Exit(report_error(exc)) from None
 
     return wrapper
-
-
-def load(config: str | None) -> Config:
-    """Load the config from the usual places, printing retired-setting warnings."""
-    cfg = load_config(find_config_path(config))
-    for warning in cfg.warnings:
-        err.print(f"[yellow]warning:[/] {warning}", highlight=False)
-    return cfg
 
 
 def with_engine(cfg: Config, body: Callable[[AsyncEngine], Awaitable[T]]) -> T:

@@ -92,3 +92,122 @@ def test_serve_loads_only_the_configured_providers_sdk(tmp_path: Path, llm: str,
     modules = _loaded(tmp_path, llm)
     assert loaded in modules
     assert _present(modules, (absent, "discord", "botbuilder", "alembic")) == []
+
+
+def _serve_until_healthz(tmp_path: Path) -> str:
+    """Run the real `goclaw serve` (``python -X importtime -m gateway serve``) to its first /healthz; its stderr."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"database: {{url: 'sqlite+aiosqlite:///{tmp_path / 'g.db'}'}}\n"
+        f"server: {{host: 127.0.0.1, port: {port}, dashboard_token: 'a-dashboard-token-for-tests-0123456789'}}\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "gateway", "serve", "--config", str(config)],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), NO_PROXY="127.0.0.1"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90  # only stops a hung process (bench/startup.py measures the time)
+        answered = False
+        while not answered and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as resp:
+                    answered = resp.status == 200
+            except OSError:
+                time.sleep(0.05)
+    finally:
+        proc.terminate()
+        stderr = proc.communicate(timeout=30)[1]
+    assert answered, stderr[-2000:]
+    assert proc.returncode == 0, stderr[-2000:]
+    return stderr
+
+
+def test_goclaw_serve_starts_without_the_typer_cli(tmp_path: Path) -> None:
+    # gateway/__main__.py runs a plain `serve` line itself: no Typer, no command groups, no Click commands built.
+    _serve_until_healthz(tmp_path)  # migrates the new database
+    stderr = _serve_until_healthz(tmp_path)  # at head, as a restart is
+    modules = {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+    assert "gateway.server" in modules and "aiosqlite" in modules  # it did start
+    assert _present(modules, ("typer", "click", "gateway.cli", *NEVER_ON_A_PLAIN_START)) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "options"),
+    [
+        (["serve"], {"config": None, "workers": 1, "child": None}),
+        (["serve", "--config", "c.yaml"], {"config": "c.yaml", "workers": 1, "child": None}),
+        (["serve", "-c", "c.yaml", "--workers=3"], {"config": "c.yaml", "workers": 3, "child": None}),
+        (["serve", "--config=c.yaml", "--child", "0"], {"config": "c.yaml", "workers": 1, "child": 0}),
+        # The CLI reads these (its help, its messages, its own number parsing, shell completion):
+        (["serve", "--help"], None),
+        (["serve", "--config"], None),
+        (["serve", "--config="], None),
+        (["serve", "--config", "-x"], None),
+        (["serve", "-c=c.yaml"], None),
+        (["serve", "--config", "a.yaml", "--config", "b.yaml"], None),
+        (["serve", "--workers", "abc"], None),
+        (["serve", "--workers", "03"], None),
+        (["serve", "--workers", "-1"], None),
+        (["serve", "--bogus", "1"], None),
+        (["serve", "extra"], None),
+        (["--version"], None),
+        (["users", "list"], None),
+        ([], None),
+    ],
+)
+def test_only_a_plain_serve_line_skips_the_cli(args: list[str], options: dict[str, object] | None) -> None:
+    from gateway.__main__ import serve_options
+
+    assert serve_options(args) == options
+
+
+_CLI = "import sys; from gateway.cli import main; main(sys.argv[1:])"
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["missing config", "invalid config", "workers on sqlite", "workers 0", "port in use"],
+)
+def test_serve_without_the_cli_fails_as_the_cli_does(tmp_path: Path, case: str) -> None:
+    import socket
+
+    db = f"database: {{url: 'sqlite+aiosqlite:///{tmp_path / 'g.db'}'}}\n"
+    (tmp_path / "bad.yaml").write_text("server: {bogus: 1}\nllm: {provider: nope}\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        server = f"server: {{host: 127.0.0.1, port: {port}}}\n"
+        (tmp_path / "good.yaml").write_text(f"{db}{server}logging: {{level: ERROR}}\n")
+        args = {
+            "missing config": ["serve", "--config", "missing.yaml"],
+            "invalid config": ["serve", "-c", "bad.yaml"],
+            "workers on sqlite": ["serve", "--config", "good.yaml", "--workers", "2"],
+            "workers 0": ["serve", "--workers=0", "--config=good.yaml"],
+            "port in use": ["serve", "--config", "good.yaml"],
+        }[case]
+        runs = [
+            subprocess.run(
+                [sys.executable, *entry, *args],
+                cwd=tmp_path,
+                env=dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200"),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            for entry in (["-m", "gateway"], ["-c", _CLI])
+        ]
+    fast, cli = ((r.returncode, r.stdout, r.stderr) for r in runs)
+    assert fast == cli
+    assert fast[0] == 2 and "error: " in fast[2]
