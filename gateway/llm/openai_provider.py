@@ -60,9 +60,10 @@ NO_API_KEY = "not-needed"
 # The vendor's own endpoint when llm.base_url is not set (OPENAI_BASE_URL overrides it, as in the SDK).
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
-# Connections to the model server: at least the calls a process has in flight at once
-# (llm.max_concurrent_calls, default 256; the SDK's limit was the same 1000).
-MAX_CONNECTIONS = 1000
+# Connections to the model server: no cap of their own (0). The calls in flight are bounded by
+# llm.max_concurrent_calls (gateway/llm/limit.py); a second, lower cap here would queue calls past
+# that setting without a word.
+MAX_CONNECTIONS = 0
 
 # Idle connections are closed after this long: shorter than the common servers' own
 # keep-alive (uvicorn's 5 s), so a request is not sent down a connection the server is closing.
