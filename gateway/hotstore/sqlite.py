@@ -81,15 +81,17 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
 def _message_row(r: tuple[Any, ...]) -> MessageRow:
     # id, session_id, platform_message_id, speaker_user_id, stored_role, display_name, text, said_at, is_agent,
     # reply_to_id, answering_until
-    return MessageRow(*r[:7], decode_time(r[7]), bool(r[8]), r[9], decode_time(r[10]))
+    return MessageRow(*r[:7], decode_time(r[7]), bool(r[8]), r[9], decode_time(r[10]))  # type: ignore[call-arg]
 
 
 def _job_row(r: tuple[Any, ...]) -> JobRow:
     # sql.JOB_COLUMNS: id, kind, payload, status, attempts, run_after, locked_by, locked_at, last_error,
     # raw_answer, created_at, finished_at
+    run_after, created_at = decode_time(r[5]), decode_time(r[10])
+    assert run_after is not None and created_at is not None  # NOT NULL columns
     return JobRow(
-        r[0], r[1], json.loads(r[2]), r[3], r[4], decode_time(r[5]), r[6], decode_time(r[7]), r[8], r[9],
-        decode_time(r[10]), decode_time(r[11]),
+        r[0], r[1], json.loads(r[2]), r[3], r[4], run_after, r[6], decode_time(r[7]), r[8], r[9],
+        created_at, decode_time(r[11]),
     )  # fmt: skip
 
 
