@@ -258,7 +258,7 @@ class PostgresHotStore(HotStore):
     async def archive_messages(self, archive_id: str) -> list[MessageRow]:
         """The messages of one trimmed slice, oldest first."""
         pool = await self._get_pool()
-        return [MessageRow(*r) for r in await pool.fetch(_ARCHIVE_MESSAGES, archive_id)]
+        return [MessageRow(*r) for r in await pool.fetch(_ARCHIVE_MESSAGES, archive_id, archive_id)]
 
     async def select(self, sql: str, args: Sequence[Any], kinds: Sequence[str | None]) -> list[tuple[Any, ...]]:
         """One read statement (``$n`` parameters; asyncpg decodes every column itself)."""

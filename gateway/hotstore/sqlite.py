@@ -247,7 +247,7 @@ class SQLiteHotStore(HotStore):
         """The messages of one trimmed slice, oldest first."""
 
         def body(conn: sqlite3.Connection) -> list[MessageRow]:
-            return [_message_row(r) for r in conn.execute(sql.ARCHIVE_MESSAGES, (archive_id,)).fetchall()]
+            return [_message_row(r) for r in conn.execute(sql.ARCHIVE_MESSAGES, (archive_id, archive_id)).fetchall()]
 
         return await self._run(body, write=False)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -18,7 +19,7 @@ from sqlalchemy import event, func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.db import make_engine
+from gateway.db import make_engine, upgrade
 from gateway.explain import TurnExplanation
 from gateway.hotstore import hot_store
 from gateway.models import Heartbeat, Job, Message, TurnRecord
@@ -326,3 +327,22 @@ async def test_one_hot_store_per_engine_closed_with_it(engine: AsyncEngine, cloc
     await begin(store, "m0")
     await engine.dispose()
     assert (await begin(store, "m1")).stored is not None  # reopened on next use
+
+
+async def test_reading_a_trimmed_slice_on_sqlite_uses_the_session_index_not_a_scan_of_every_message(
+    tmp_path: Path, clock: Clock
+) -> None:
+    # A job reads its slice once; by archive id alone that read walked every message ever stored.
+    import sqlite3
+
+    from gateway.hotstore import sql
+
+    engine = make_engine(f"sqlite+aiosqlite:///{tmp_path / 'g.db'}")
+    try:
+        await upgrade(engine)
+        _, archive_id = await _trimmed(SessionStore(engine, clock=clock), "conv-plan")
+    finally:
+        await engine.dispose()
+    with sqlite3.connect(tmp_path / "g.db") as conn:
+        plan = " ".join(str(r) for r in conn.execute("EXPLAIN QUERY PLAN " + sql.ARCHIVE_MESSAGES, (archive_id,) * 2))
+    assert "SCAN messages" not in plan and "ix_messages_session_live" in plan, plan
