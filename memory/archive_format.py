@@ -60,20 +60,15 @@ def _code(ch: str) -> str:
     return f"\\u{{{ord(ch):x}}}"
 
 
-def _escape_char(ch: str) -> str:
-    short = _SHORT.get(ch)
-    if short is not None:
-        return short
-    if unicodedata.category(ch) in _ESCAPED_CATEGORIES:
-        return _code(ch)
-    return ch
-
-
-_SHORT_NEEDED = re.compile(r"[\\\n\[\]]")
-
-
 def _escaped(value: str) -> str:
-    return "".join(_escape_char(ch) for ch in value)
+    # The short escapes first (the backslash before the others, whose escapes add backslashes). What
+    # they write is printable and never escaped again, so only a value still holding an unprintable
+    # character is walked for the escaped categories (str.isprintable is False for each of them, and
+    # for the spaces other than " ", which come out of the walk unchanged).
+    out = value.replace("\\", "\\\\").replace("\n", "\\n").replace("[", "\\[").replace("]", "\\]")
+    if out.isprintable():
+        return out
+    return "".join(_code(ch) if unicodedata.category(ch) in _ESCAPED_CATEGORIES else ch for ch in out)
 
 
 def encode_field(value: str) -> str:
@@ -82,10 +77,7 @@ def encode_field(value: str) -> str:
     The whole values ``-`` and ``agent`` are reserved marks (no user, the
     agent), so as a value their first character is written ``\\u{..}``.
     """
-    # Most values need no escape: every character printable (str.isprintable is False for each escaped
-    # category, and for the spaces other than " ", which go the long way and come out unchanged) and
-    # none of the four short escapes.
-    out = value if value.isprintable() and _SHORT_NEEDED.search(value) is None else _escaped(value)
+    out = _escaped(value)
     if out in _RESERVED:
         out = _code(out[0]) + out[1:]
     return out
