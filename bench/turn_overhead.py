@@ -168,6 +168,29 @@ async def pg_database(server: str, name: str, *, drop: bool = False) -> str:
     return server.replace("postgresql://", "postgresql+asyncpg://").rsplit("/", 1)[0] + f"/{name}"
 
 
+async def durable_commit_ms(server: str, commits: int = 200) -> float:
+    """The median time of one durable commit (``synchronous_commit`` on) on this PostgreSQL server.
+
+    A turn makes two (its message before the model is asked, its reply before it is sent), so
+    this is the floor under a 1-client turn on PostgreSQL, whatever the gateway does.
+    """
+    import asyncpg
+
+    conn = await asyncpg.connect(server)
+    try:
+        await conn.execute("CREATE TABLE IF NOT EXISTS goclaw_bench_commit_probe (v int)")
+        times = []
+        for i in range(commits):
+            t0 = time.perf_counter()
+            async with conn.transaction():
+                await conn.execute("INSERT INTO goclaw_bench_commit_probe VALUES ($1)", i)
+            times.append((time.perf_counter() - t0) * 1000)
+        await conn.execute("DROP TABLE goclaw_bench_commit_probe")
+        return statistics.median(times)
+    finally:
+        await conn.close()
+
+
 Result = tuple[float, float, float, float]
 
 
@@ -306,6 +329,12 @@ async def main() -> None:
         if len(gateways) == 2:
             speedup = med(("this", clients), 0) / med(("baseline", clients), 0)
             print(f"    this/baseline turns/s: {speedup:.2f}x")
+    if args.postgres:
+        commit = await durable_commit_ms(args.pg_server)
+        print(
+            f"  a durable commit on this server: {commit:.2f} ms (median of 200); a turn makes two, so one"
+            f" client gets at most {1000 / (2 * commit):.0f} turns/s with a gateway that costs nothing"
+        )
     print("  targets: CPU <= 1.0 ms/turn, ratio >= 0.20 (SQLite), p99 < 10 ms (1 client), < 25 ms (8)")
 
 
