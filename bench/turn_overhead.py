@@ -6,7 +6,9 @@ messages first. For each client count (``--clients 1,8``) it prints turns/s,
 p50/p99 latency, the throughput ratio to the echo, and the gateway's **CPU per
 turn**: the server process's user+system time from ``/proc/PID/stat`` (all its
 threads, so aiosqlite's thread counts too) over the load, divided by the turns.
-The client's own CPU is in another process and is not counted. With
+The client's own CPU is in another process and is not counted. It is split into
+the event loop's thread (the turns themselves) and the other threads (the
+background work's extraction jobs; in an older tree, the database driver's thread). With
 ``--baseline-source DIR`` a second gateway from another tree (e.g. main) runs the
 same load in the same run, interleaved, on its own database.
 
@@ -148,9 +150,10 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (every thread), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, *, thread: int | None = None) -> float:
+    """User + system CPU seconds of a process so far (every thread), or of one of its threads, from /proc."""
+    stat = Path(f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -191,7 +194,7 @@ async def durable_commit_ms(server: str, commits: int = 200) -> float:
         await conn.close()
 
 
-Result = tuple[float, float, float, float]
+Result = tuple[float, float, float, float, float]
 
 
 class Gateway:
@@ -234,15 +237,19 @@ class Gateway:
             self.proc.wait(10)
 
 
-async def measure(
-    g: Gateway, requests: int, clients: int, headers: dict[str, str]
-) -> tuple[float, float, float, float]:
-    """(turns/s, p50 ms, p99 ms, server CPU ms per turn) for one load."""
+async def measure(g: Gateway, requests: int, clients: int, headers: dict[str, str]) -> Result:
+    """(turns/s, p50 ms, p99 ms, server CPU ms per turn, its event-loop thread's share) for one load.
+
+    The event loop's thread answers the turns; the other threads are the background work's
+    (extraction jobs) and, in an older tree, the database driver's.
+    """
     assert g.proc is not None
-    cpu0 = cpu_seconds(g.proc.pid)
+    pid = g.proc.pid
+    cpu0, loop0 = cpu_seconds(pid), cpu_seconds(pid, thread=pid)
     tps, lat = await load(g.url, requests, clients, headers)
-    cpu_ms = (cpu_seconds(g.proc.pid) - cpu0) * 1000 / requests
-    return tps, pct(lat, 0.5), pct(lat, 0.99), cpu_ms
+    cpu_ms = (cpu_seconds(pid) - cpu0) * 1000 / requests
+    loop_ms = (cpu_seconds(pid, thread=pid) - loop0) * 1000 / requests
+    return tps, pct(lat, 0.5), pct(lat, 0.99), cpu_ms, loop_ms
 
 
 async def main() -> None:
@@ -271,7 +278,7 @@ async def main() -> None:
         echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(echo_port)], env=env)
         echo_url = f"http://127.0.0.1:{echo_port}/v1/chat"
         headers = {"Authorization": f"Bearer {TOKEN}"}
-        results: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
+        results: dict[tuple[str, int], list[Result]] = {}
         try:
             for name, source in trees:
                 (tmp / name).mkdir()
@@ -289,14 +296,14 @@ async def main() -> None:
             for run in range(args.runs):
                 for clients in levels:
                     e_tps, e_lat = await load(echo_url, args.requests, clients, headers)
-                    results.setdefault(("echo", clients), []).append((e_tps, pct(e_lat, 0.5), pct(e_lat, 0.99), 0))
+                    results.setdefault(("echo", clients), []).append((e_tps, pct(e_lat, 0.5), pct(e_lat, 0.99), 0, 0))
                     line = f"run {run + 1}, {clients} client(s): echo {e_tps:7.1f} req/s"
                     for g in gateways:
                         r = await measure(g, args.requests, clients, headers)
                         results.setdefault((g.name, clients), []).append(r)
                         line += (
                             f" | {g.name} {r[0]:7.1f} turns/s p50 {r[1]:5.2f} p99 {r[2]:6.2f} ms"
-                            f" cpu {r[3]:5.2f} ms/turn ratio {r[0] / e_tps:.3f}"
+                            f" cpu {r[3]:5.2f} ms/turn (loop {r[4]:4.2f}) ratio {r[0] / e_tps:.3f}"
                         )
                     print(line, flush=True)
         finally:
@@ -324,7 +331,8 @@ async def main() -> None:
             )
             print(
                 f"    {g.name:8s} {med(key, 0):7.1f} turns/s, p50 {med(key, 1):.2f} ms, p99 {med(key, 2):.2f} ms, "
-                f"CPU {med(key, 3):.2f} ms/turn, ratio to echo {ratio:.3f}"
+                f"CPU {med(key, 3):.2f} ms/turn (event-loop thread {med(key, 4):.2f}, other threads"
+                f" {med(key, 3) - med(key, 4):.2f}), ratio to echo {ratio:.3f}"
             )
         if len(gateways) == 2:
             speedup = med(("this", clients), 0) / med(("baseline", clients), 0)
