@@ -36,7 +36,7 @@ from gateway.db import make_engine, upgrade
 from memory.consolidate import BATCH_SIZE, MAX_CALLS, Consolidator
 from memory.models import MemoryRecord, MemoryTerm
 from memory.rules import builtin_consolidation_result
-from memory.store import MemoryStore, note_terms
+from memory.store import MemoryStore, note_postings
 from memory.words import subject_key
 from memory.writer import MemoryWriter
 from pairing.principal import Principal
@@ -71,7 +71,7 @@ async def fill(engine: Any, notes: int, dup_rate: float, rng: random.Random) -> 
         contents.append(_reworded(rng, original))
     rng.shuffle(contents)
     rows: list[dict[str, Any]] = []
-    term_rows: list[dict[str, str]] = []
+    term_rows: list[dict[str, Any]] = []
     for i, content in enumerate(contents):
         rid = "m_" + secrets.token_hex(8)
         said = NOW - timedelta(minutes=rng.randint(0, 60 * 24 * 60))
@@ -85,7 +85,7 @@ async def fill(engine: Any, notes: int, dup_rate: float, rng: random.Random) -> 
                 "run_id": None, "superseded_by": None,
             }
         )  # fmt: skip
-        term_rows.extend({"term": t, "record_id": rid} for t in note_terms(subject, content))
+        term_rows.extend(note_postings(rid, subject, content, said, rows[-1]["review_by"]))
     async with engine.begin() as conn:
         for start in range(0, len(rows), 2000):
             await conn.execute(MemoryRecord.__table__.insert(), rows[start : start + 2000])

@@ -33,7 +33,7 @@ from gateway.db import make_engine, upgrade
 from gateway.hotstore import hot_store
 from memory.models import MemoryRecord, MemoryTerm
 from memory.render import memory_sections
-from memory.store import MemoryStore, note_terms
+from memory.store import MemoryStore, note_postings
 from memory.words import subject_key
 from pairing.principal import Principal, Role
 
@@ -77,7 +77,7 @@ def _row(rng: random.Random, **kw: Any) -> dict[str, Any]:
 async def fill(store_engine: Any, records: int, users: int, rng: random.Random) -> dict[str, int]:
     vocab = [_word(rng) for _ in range(3000)]
     rows: list[dict[str, Any]] = []
-    terms_rows: list[dict[str, str]] = []
+    terms_rows: list[dict[str, Any]] = []
     n_notes = records // 5  # 20% operational notes (a third live, the rest their history)
     subjects = [f"{rng.choice(TOPICS)} {_word(rng)}" for _ in range(n_notes // 3)]
     live_subjects: set[str] = set()
@@ -96,7 +96,7 @@ async def fill(store_engine: Any, records: int, users: int, rng: random.Random) 
         )
         rows.append(row)
         if live:
-            terms_rows.extend({"term": t, "record_id": row["id"]} for t in note_terms(subject, content))
+            terms_rows.extend(note_postings(row["id"], subject, content, row["said_at"], row["review_by"]))
     for _ in range(records - n_notes):
         uid = f"u_{rng.randrange(users)}"
         topic = rng.choice(TOPICS)

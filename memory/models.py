@@ -117,11 +117,24 @@ class MemoryTerm(MemoryBase):
     Kept in the same transaction as the record's status: a note's terms are
     added when it is written live and removed when it leaves ``live``. It holds
     nothing that is not in ``memory_records``.
+
+    Each posting also carries its note's ``said_at`` and ``review_by`` (both
+    fixed when the note is written: after insert only a record's ``status`` and
+    ``superseded_by`` change), so the prompt's match ranks and bounds notes from
+    postings alone, on one covering index, and reads only the chosen records.
     """
 
     __tablename__ = "memory_terms"
+    __table_args__ = (
+        # The prompt's match: a term's postings with what ranking and the current-note filter read.
+        Index("ix_memory_terms_rank", "term", "record_id", "said_at", "review_by"),
+    )
 
     term: Mapped[str] = mapped_column(String(64), primary_key=True)
     record_id: Mapped[str] = mapped_column(
         ForeignKey("memory_records.id", ondelete="CASCADE"), primary_key=True, index=True
     )
+    said_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    """The note's ``said_at`` (ties in the match's score go newest first)."""
+    review_by: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    """The note's ``review_by``: a posting of a note past it is not a candidate."""

@@ -324,6 +324,21 @@ def note_terms(subject: str, content: str) -> list[str]:
     return list(seen)
 
 
+def note_postings(
+    record_id: str, subject: str, content: str, said_at: datetime, review_by: datetime | None
+) -> list[dict[str, Any]]:
+    """The ``memory_terms`` rows of a live note: one per index term, with the note's ``said_at`` and ``review_by``."""
+    return [
+        {"term": t, "record_id": record_id, "said_at": said_at, "review_by": review_by}
+        for t in note_terms(subject, content)
+    ]
+
+
+def _postings(rec: MemoryRecord | MemoryRecordView) -> list[MemoryTerm]:
+    # Every posting the store writes is made here, so each carries what the prompt's match ranks by.
+    return [MemoryTerm(**row) for row in note_postings(rec.id, rec.subject, rec.content, rec.said_at, rec.review_by)]
+
+
 def _lock_key(scope: str, owner: str | None, key: str) -> int:
     digest = hashlib.sha256(f"{scope}\0{owner or ''}\0{key}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
@@ -341,11 +356,12 @@ def _candidates_statement(with_words: bool, with_user: bool) -> Any:
     SQLite, so each of the four shapes is built once and reused.
     """
     rec = MemoryRecord.__table__
+    now = bindparam("now", type_=UTCDateTime())
     live_note = and_(
         R.scope == "agent_notes",
         R.owner_user_id.is_(None),
         R.status == "live",
-        or_(R.review_by.is_(None), R.review_by > bindparam("now", type_=UTCDateTime())),
+        or_(R.review_by.is_(None), R.review_by > now),
     )
 
     def part(name: str, score: Any) -> list[Any]:
@@ -361,19 +377,22 @@ def _candidates_statement(with_words: bool, with_user: bool) -> Any:
             .cte("df")
         )
         postings = T.alias("postings")
-        scored = (
-            select(postings.c.record_id, func.sum(cast(1.0, Float) / df.c.n).label("score"))
+        # Ranked and limited on the postings alone (their covering index holds said_at and
+        # review_by), then only the chosen records are read. memory_terms holds live agent
+        # notes only, so the records' own filter below keeps every chosen one; it stays as a
+        # guard, so a stale posting can never bring back a note that is not live.
+        said = func.max(postings.c.said_at).label("said_at")
+        score = func.sum(cast(1.0, Float) / df.c.n).label("score")
+        best = (
+            select(postings.c.record_id, score, said)
             .join(df, df.c.term == postings.c.term)
+            .where(or_(postings.c.review_by.is_(None), postings.c.review_by > now))
             .group_by(postings.c.record_id)
-            .subquery("scored")
-        )
-        parts.append(
-            select(*part("match", scored.c.score))
-            .join(scored, scored.c.record_id == R.id)
-            .where(live_note)
-            .order_by(scored.c.score.desc(), R.said_at.desc(), R.id)
+            .order_by(score.desc(), said.desc(), postings.c.record_id)
             .limit(bindparam("matched_limit", type_=Integer()))
+            .subquery("best")
         )
+        parts.append(select(*part("match", best.c.score)).join(best, best.c.record_id == R.id).where(live_note))
     parts.append(
         select(*part("recent", 0.0))
         .where(live_note)
@@ -648,7 +667,7 @@ class MemoryStore:
             await s.flush()
             return Added(_orm_view(rec))
         if scope == "agent_notes":
-            s.add_all(MemoryTerm(term=t, record_id=rec.id) for t in note_terms(subject, content))
+            s.add_all(_postings(rec))
         await s.flush()
         retired = await self._subject_rule(s, _orm_view(rec), cause=_CAUSE_OF_SOURCE[decision.source], run_id=run_id)
         return Added(await self._reread(s, rec.id), retired)
@@ -742,7 +761,7 @@ class MemoryStore:
         scopes = [v.applies_to for v in sources.values()]
         rec.applies_to = None if any(not sc for sc in scopes) else sorted({n for sc in scopes for n in sc})
         s.add(rec)
-        s.add_all(MemoryTerm(term=t, record_id=rec.id) for t in note_terms(rec.subject, rec.content))
+        s.add_all(_postings(rec))
         await s.flush()
         for rid in wanted:
             done = await self._retire(
@@ -970,7 +989,7 @@ class MemoryStore:
             .execution_options(synchronize_session=False)
         )
         if rec.scope == "agent_notes":
-            s.add_all(MemoryTerm(term=t, record_id=rec.id) for t in note_terms(rec.subject, rec.content))
+            s.add_all(_postings(rec))
         by = decision.principal.user_id or decision.principal.system_name or "unknown"
         s.add(self._review(record_id, "confirm", by, decision.reason))
         await s.flush()
@@ -1108,7 +1127,7 @@ class MemoryStore:
                     .execution_options(synchronize_session=False)
                 )
                 if back == "live" and rec.scope == "agent_notes":
-                    s.add_all(MemoryTerm(term=w, record_id=rec.id) for w in note_terms(rec.subject, rec.content))
+                    s.add_all(_postings(rec))
                 await s.execute(
                     update(MemoryRevision)
                     .where(MemoryRevision.id == rev.id, MemoryRevision.undone_at.is_(None))

@@ -26,7 +26,7 @@ from gateway.models import Heartbeat, Job, Message, TurnRecord
 from gateway.sessions import SessionKey, SessionStore
 from gateway.write_health import storage_reason
 from memory.models import MemoryRecord, MemoryTerm
-from memory.store import MemoryStore, _candidates_statement, _view, note_terms
+from memory.store import MemoryStore, _candidates_statement, _view, note_postings
 from memory.words import subject_key
 from pairing.principal import Principal, Role
 from pairing.store import PairingStore
@@ -145,7 +145,7 @@ async def test_the_role_read_sees_a_role_change_at_once(engine: AsyncEngine, rea
 def _seed_rows(rng: random.Random, now: datetime) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     words = ["invoice", "server", "backup", "deploy", "payroll", "export", "audit", "ticket"]
     rows: list[dict[str, Any]] = []
-    term_rows: list[dict[str, str]] = []
+    term_rows: list[dict[str, Any]] = []
     for i in range(120):
         personal = i % 3 == 0
         subject = f"{rng.choice(words)} {i}"
@@ -175,7 +175,7 @@ def _seed_rows(rng: random.Random, now: datetime) -> tuple[list[dict[str, Any]],
         }
         rows.append(row)
         if not personal and status == "live":
-            term_rows.extend({"term": t, "record_id": row["id"]} for t in note_terms(subject, content))
+            term_rows.extend(note_postings(row["id"], subject, content, row["said_at"], row["review_by"]))
     return rows, term_rows
 
 

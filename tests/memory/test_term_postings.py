@@ -1,0 +1,107 @@
+"""The term index's postings carry their note's said_at and review_by, on every path that writes them.
+
+The prompt's match ranks and filters on the postings alone (``memory.store._candidates_statement``),
+so a posting whose values differ from its record's would choose other notes than the records say.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import Connection, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.db import _alembic_config, make_engine, upgrade
+from memory.models import MemoryRecord, MemoryTerm
+from memory.revisions import undo_revision
+from memory.store import Merge, note_terms
+from memory.words import subject_key
+from memory.writer import MemoryWriter
+from tests.memory.conftest import ALICE, BOB, CRON, T0
+
+DAY = timedelta(days=1)
+
+
+async def _postings_agree_with_records(engine: AsyncEngine) -> set[str]:
+    """Assert every posting's said_at/review_by is its record's, and the record is a live note; the ids."""
+    T, R = MemoryTerm.__table__, MemoryRecord.__table__
+    q = select(T.c.record_id, T.c.said_at, T.c.review_by, R.c.said_at, R.c.review_by, R.c.status, R.c.scope).join(
+        R, R.c.id == T.c.record_id
+    )
+    async with engine.connect() as conn:
+        rows = (await conn.execute(q)).all()
+    assert rows
+    for rid, said, review, rec_said, rec_review, status, scope in rows:
+        assert (said, review) == (rec_said, rec_review), rid
+        assert (status, scope) == ("live", "agent_notes"), rid
+    return {r[0] for r in rows}
+
+
+async def test_every_path_that_indexes_a_note_stamps_its_postings(writer: MemoryWriter, engine: AsyncEngine) -> None:
+    store = writer.store
+    # add: a live note.
+    live = await writer.write(
+        ALICE, "agent_notes", "live", subject="report data source", content="example_orders", said_at=T0,
+        review_by=T0 + 30 * DAY,
+    )  # fmt: skip
+    # add then undo: the retired note comes back into the index.
+    newer = await writer.write(
+        ALICE, "agent_notes", "live", subject="report data source", content="example_archive", said_at=T0 + DAY
+    )
+    assert live.record and newer.record and newer.retired == (live.record.id,)
+    (rev,) = await store.revisions_for(live.record.id)
+    await undo_revision(store, rev.id, principal=ALICE)
+    # confirm: an unverified note made live.
+    held = await writer.write(BOB, "agent_notes", "relearn", subject="vpn host", content="vpn.internal", said_at=T0)
+    assert held.record and held.record.status == "unverified"
+    await writer.confirm(ALICE, held.record.id)
+    # merge (consolidation): a new note replacing two.
+    a = await writer.write(ALICE, "agent_notes", "live", subject="lunch", content="Lunch is at noon", said_at=T0)
+    b = await writer.write(ALICE, "agent_notes", "live", subject="lunch time", content="lunch at noon", said_at=T0)
+    assert a.record and b.record
+    merged = await writer.write(
+        CRON, "agent_notes", "consolidate", subject="lunch", content="Lunch is at noon.", said_at=T0 + 2 * DAY,
+        merge=Merge((a.record.id, b.record.id), "the same note"),
+    )  # fmt: skip
+    assert merged.record and merged.record.status == "live"
+    ids = await _postings_agree_with_records(engine)
+    assert ids == {live.record.id, newer.record.id, held.record.id, merged.record.id}
+
+
+async def test_the_migration_stamps_existing_postings_and_downgrades(db_url: str) -> None:
+    engine = make_engine(db_url)
+    try:
+        await upgrade(engine, "0012_answering")
+        said, review = T0 - DAY, T0 + 10 * DAY
+        row = {
+            "id": "m_old", "scope": "agent_notes", "owner_user_id": None, "subject": "backup window",
+            "subject_key": subject_key("backup window"), "content": "backups run at 02:00", "status": "live",
+            "said_at": said, "recorded_at": said, "review_by": review, "source": "live", "author_user_id": "u_alice",
+            "author_role": "admin", "session_id": None, "evidence": [], "run_id": None, "superseded_by": None,
+        }  # fmt: skip
+        words = note_terms(row["subject"], row["content"])
+        async with engine.begin() as conn:
+            await conn.execute(MemoryRecord.__table__.insert().values(**row))
+            for w in words:
+                await conn.execute(
+                    text("INSERT INTO memory_terms (term, record_id) VALUES (:t, :r)"), {"t": w, "r": "m_old"}
+                )
+        await upgrade(engine)
+        assert await _postings_agree_with_records(engine) == {"m_old"}
+        async with engine.begin() as conn:
+            await conn.run_sync(_downgrade, "0012_answering")
+        async with engine.connect() as conn:
+            back = (await conn.execute(text("SELECT term, record_id FROM memory_terms"))).all()
+        assert sorted(back) == sorted((w, "m_old") for w in words)
+        await upgrade(engine)  # and up again
+        assert await _postings_agree_with_records(engine) == {"m_old"}
+    finally:
+        await engine.dispose()
+
+
+def _downgrade(conn: Connection, revision: str) -> None:
+    from alembic import command
+
+    cfg = _alembic_config()
+    cfg.attributes["connection"] = conn
+    command.downgrade(cfg, revision)
