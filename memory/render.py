@@ -156,6 +156,15 @@ def _line(record: MemoryRecordView) -> str:
     return f"- [{record.id}] {record.subject}: {content} ({_provenance(record)})"
 
 
+_LINE_FIXED = len("- [] :  (taught by  on YYYY-MM-DD)")
+
+
+def _line_floor(record: MemoryRecordView) -> int:
+    """A length ``_line(record)`` is never shorter than (the content and provenance extras taken as empty)."""
+    who = len(record.author_user_id or "unknown") + (len(record.author_role) + 3 if record.author_role else 0)
+    return _LINE_FIXED + len(record.id) + len(record.subject) + who
+
+
 IDENTITY_SCOPES_RENDERED = ("agent_config", "global")
 
 
@@ -238,6 +247,8 @@ async def memory_sections(
     size = {"op": 0, "pe": 0}
     heading = {"op": len(OPERATIONAL_HEADING), "pe": len(PERSONAL_HEADING)}
 
+    rendered: dict[str, str] = {}  # a record's line, made once (the person's records are packed twice)
+
     def pack(records: Sequence[MemoryRecordView], which: str, lines: list[str], used: list[str], limit: float) -> None:
         other = "pe" if which == "op" else "op"
         for record in records:
@@ -245,10 +256,15 @@ async def memory_sections(
                 return
             if record.id in used:
                 continue
-            line = _line(record)
-            grown = size[which] + len(line) + (1 if lines else heading[which] + 1)
-            total = grown + size[other] + (2 if size[other] else 0)
-            if math.ceil(total / 4) <= limit:
+            sep = 1 if lines else heading[which] + 1
+            rest = size[other] + (2 if size[other] else 0)
+            if math.ceil((size[which] + sep + _line_floor(record) + rest) / 4) > limit:
+                continue  # cannot fit, however short its content: not worth rendering
+            line = rendered.get(record.id)
+            if line is None:
+                line = rendered[record.id] = _line(record)
+            grown = size[which] + len(line) + sep
+            if math.ceil((grown + rest) / 4) <= limit:
                 lines.append(line)
                 used.append(record.id)
                 size[which] = grown

@@ -421,7 +421,22 @@ class RawReads(Protocol):
         """Rows of ``sql`` (the driver's paramstyle), each value decoded by its kind (DATETIME, JSON_VALUE)."""
 
 
-_CANDIDATE_NAMES = (*(c.key for c in MemoryRecord.__table__.columns), "score", "part")
+_RECORD_COLUMNS = tuple(c.key for c in MemoryRecord.__table__.columns)
+if tuple(MemoryRecordView.__dataclass_fields__) != _RECORD_COLUMNS:
+    raise RuntimeError("MemoryRecordView's fields must be memory_records' columns, in order (see _row_view)")
+
+
+def _strs(values: Any) -> tuple[str, ...]:
+    return tuple(map(str, values)) if values else ()
+
+
+def _row_view(row: Sequence[Any]) -> MemoryRecordView:
+    """``_view`` of a candidate row as the hot store gives it: the record's columns in order, decoded."""
+    r = row
+    return MemoryRecordView(
+        r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13],
+        _strs(r[14]), r[15], r[16], r[17], _strs(r[18]), _strs(r[19]),
+    )  # fmt: skip
 
 
 def _column_kind(col: Any) -> str | None:
@@ -1267,15 +1282,16 @@ class MemoryStore:
 
     async def _candidate_rows(
         self, with_words: bool, with_user: bool, n_words: int, params: dict[str, Any]
-    ) -> list[Mapping[str, Any]]:
-        """The rows of ``_candidates_statement``: on the raw driver when given one, else through SQLAlchemy."""
+    ) -> list[tuple[MemoryRecordView, float, str]]:
+        """The rows of ``_candidates_statement`` as (record, score, part): on the raw driver when given one."""
         if self._raw is None:
             async with self._read() as conn:
-                return [r._mapping for r in await conn.execute(_candidates_statement(with_words, with_user), params)]
+                rows = await conn.execute(_candidates_statement(with_words, with_user), params)
+                return [(_view(r), r.score, r.part) for r in rows]
         sql, names, fixed = _candidates_sql(self._engine.dialect, with_words, with_user, n_words)
         values = fixed | params | {f"words_{i}": w for i, w in enumerate(params.get("words", ()), 1)}
-        rows = await self._raw.select(sql, [values[n] for n in names], _CANDIDATE_KINDS)
-        return [dict(zip(_CANDIDATE_NAMES, row, strict=True)) for row in rows]
+        raw = await self._raw.select(sql, [values[n] for n in names], _CANDIDATE_KINDS)
+        return [(_row_view(row), row[-2], row[-1]) for row in raw]
 
     async def prompt_candidates(
         self,
@@ -1310,11 +1326,10 @@ class MemoryStore:
         matched: list[tuple[MemoryRecordView, float]] = []
         recent: list[MemoryRecordView] = []
         personal: list[MemoryRecordView] = []
-        for m in await self._candidate_rows(bool(words), bool(user_id), len(words), params):
-            view = _view(m)
-            if m["part"] == "match":
-                matched.append((view, float(m["score"])))
-            elif m["part"] == "recent":
+        for view, score, part in await self._candidate_rows(bool(words), bool(user_id), len(words), params):
+            if part == "match":
+                matched.append((view, float(score)))
+            elif part == "recent":
                 recent.append(view)
             else:
                 personal.append(view)
