@@ -1,15 +1,15 @@
 """Benchmark: choosing and rendering memory for a turn's prompt at 100,000 records.
 
-Fills a temporary SQLite database (migrated by Alembic, as in production) with
-100,000 memory records -- operational notes with their superseded history and
-personal records for many people -- then runs ``memory_sections`` for varied
-conversations and speakers, and prints p50/p99 latency and the tokens injected
-against the budget. Asserts the budget is never exceeded.
+Fills a temporary SQLite database (with ``--postgres``, a fresh PostgreSQL
+database; migrated by Alembic, as in production) with 100,000 memory records --
+operational notes with their superseded history and personal records for many
+people -- then runs ``memory_sections`` for varied conversations and speakers,
+and prints p50/p99 latency and the tokens injected against the budget. Asserts the budget is never exceeded.
 
 The fill writes rows directly (bulk insert, the same columns and term index the
 store writes); the gate is for what people and runs say, and this is a fixture.
 
-Usage: .venv/bin/python bench/memory_prompt.py [--records N] [--runs N] [--budget N]
+Usage: .venv/bin/python bench/memory_prompt.py [--records N] [--runs N] [--budget N] [--postgres]
 """
 
 from __future__ import annotations
@@ -126,44 +126,96 @@ async def main() -> None:
     parser.add_argument("--users", type=int, default=2_000)
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--budget", type=int, default=1200)
+    parser.add_argument("--postgres", action="store_true", help="a fresh PostgreSQL database instead of a SQLite file")
+    parser.add_argument("--pg-server", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
     rng = random.Random(42)
 
     with tempfile.TemporaryDirectory(prefix="goclaw-bench-") as folder:
-        engine = make_engine(f"sqlite+aiosqlite:///{Path(folder) / 'bench.db'}")
-        await upgrade(engine)
-        t0 = time.perf_counter()
-        shape = await fill(engine, args.records, args.users, rng)
-        print(
-            f"filled {shape['records']:,} records ({shape['live_notes']:,} live notes, {shape['terms']:,} index terms) "
-            f"in {time.perf_counter() - t0:.1f}s"
-        )
-        store = MemoryStore(engine, clock=lambda: NOW, raw=hot_store(engine))  # as the gateway builds it
-        vocab_sample = [_word(rng) for _ in range(500)]
-        speakers = [Principal.human(f"u_{rng.randrange(args.users)}", Role.USER) for _ in range(50)]
-        speakers += [Principal.human("u_admin0", Role.ADMIN), Principal.system("cron-system"), Principal.unpaired()]
+        pg_name = None
+        if args.postgres:
+            url, pg_name = await fresh_pg_database(args.pg_server)
+        else:
+            url = f"sqlite+aiosqlite:///{Path(folder) / 'bench.db'}"
+        engine = make_engine(url)
+        try:
+            await upgrade(engine)
+            t0 = time.perf_counter()
+            shape = await fill(engine, args.records, args.users, rng)
+            if pg_name:
+                await vacuum_analyze(url)
+            print(
+                f"filled {shape['records']:,} records ({shape['live_notes']:,} live notes, "
+                f"{shape['terms']:,} index terms) in {time.perf_counter() - t0:.1f}s"
+                + (" (PostgreSQL, then VACUUM ANALYZE as autovacuum would)" if pg_name else "")
+            )
+            await measure(engine, args, rng)
+        finally:
+            await engine.dispose()
+            if pg_name:
+                await drop_pg_database(args.pg_server, pg_name)
 
-        # Warm the connection pool and SQLite's page cache, as a running gateway would be.
-        for _ in range(10):
-            await memory_sections(store, speakers[0], "report invoice", token_budget=args.budget)
 
-        timings: list[float] = []
-        tokens: list[int] = []
-        items: list[int] = []
-        for run in range(args.runs):
-            principal = speakers[run % len(speakers)]
-            words = [rng.choice(TOPICS) for _ in range(rng.randint(0, 3))]
-            words += [rng.choice(vocab_sample) for _ in range(rng.randint(0, 12))]
-            conversation = "Can you help me with the " + " ".join(words) + " please? " * rng.randint(0, 3)
-            start = time.perf_counter()
-            sections = await memory_sections(store, principal, conversation, token_budget=args.budget)
-            timings.append((time.perf_counter() - start) * 1000)
-            tokens.append(sections.tokens)
-            items.append(len(sections.used_ids))
-            assert sections.tokens <= args.budget, (sections.tokens, args.budget)
-            if principal.is_system or not principal.is_human:
-                assert sections.personal == ""
-        await engine.dispose()
+async def fresh_pg_database(server: str) -> tuple[str, str]:
+    """A new empty database on the PostgreSQL at ``server``: (its SQLAlchemy URL, its name)."""
+    import asyncpg
+
+    name = "goclaw_bench_" + secrets.token_hex(5)
+    conn = await asyncpg.connect(server)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return f"{server.rpartition('/')[0]}/{name}".replace("postgresql://", "postgresql+asyncpg://", 1), name
+
+
+async def vacuum_analyze(url: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
+    try:
+        await conn.execute("VACUUM ANALYZE memory_records, memory_terms")
+    finally:
+        await conn.close()
+
+
+async def drop_pg_database(server: str, name: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(server)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+async def measure(engine: Any, args: argparse.Namespace, rng: random.Random) -> None:
+    """Time ``memory_sections`` for varied conversations and speakers; print p50/p99 and the tokens."""
+    store = MemoryStore(engine, clock=lambda: NOW, raw=hot_store(engine))  # as the gateway builds it
+    vocab_sample = [_word(rng) for _ in range(500)]
+    speakers = [Principal.human(f"u_{rng.randrange(args.users)}", Role.USER) for _ in range(50)]
+    speakers += [Principal.human("u_admin0", Role.ADMIN), Principal.system("cron-system"), Principal.unpaired()]
+
+    # Warm the connection pool and the database's page cache, as a running gateway would be.
+    for _ in range(10):
+        await memory_sections(store, speakers[0], "report invoice", token_budget=args.budget)
+
+    timings: list[float] = []
+    tokens: list[int] = []
+    items: list[int] = []
+    for run in range(args.runs):
+        principal = speakers[run % len(speakers)]
+        words = [rng.choice(TOPICS) for _ in range(rng.randint(0, 3))]
+        words += [rng.choice(vocab_sample) for _ in range(rng.randint(0, 12))]
+        conversation = "Can you help me with the " + " ".join(words) + " please? " * rng.randint(0, 3)
+        start = time.perf_counter()
+        sections = await memory_sections(store, principal, conversation, token_budget=args.budget)
+        timings.append((time.perf_counter() - start) * 1000)
+        tokens.append(sections.tokens)
+        items.append(len(sections.used_ids))
+        assert sections.tokens <= args.budget, (sections.tokens, args.budget)
+        if principal.is_system or not principal.is_human:
+            assert sections.personal == ""
 
     timings.sort()
     p50 = statistics.median(timings)
