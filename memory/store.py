@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, Protocol
@@ -355,7 +356,6 @@ def _candidates_statement(with_words: bool, with_user: bool) -> Any:
     Building a UNION of three record selects costs more than running it on
     SQLite, so each of the four shapes is built once and reused.
     """
-    rec = MemoryRecord.__table__
     now = bindparam("now", type_=UTCDateTime())
     live_note = and_(
         R.scope == "agent_notes",
@@ -365,7 +365,10 @@ def _candidates_statement(with_words: bool, with_user: bool) -> Any:
     )
 
     def part(name: str, score: Any) -> list[Any]:
-        return [*rec.c, cast(score, Float).label("score"), literal(name, String).label("part")]
+        # Only what changes after insert (status, superseded_by) besides the id: a record's other
+        # columns never do, so its view is read once (``_records_statement``) and kept by the store.
+        cols = (R.id, R.status, R.superseded_by)
+        return [*cols, cast(score, Float).label("score"), literal(name, String).label("part")]
 
     parts: list[Any] = []
     if with_words:
@@ -407,6 +410,12 @@ def _candidates_statement(with_words: bool, with_user: bool) -> Any:
     return union_all(*(select(p.subquery()) for p in parts))
 
 
+@lru_cache(maxsize=1)
+def _records_statement() -> Any:
+    """Whole records by id (``ids`` is an expanding bind parameter)."""
+    return select(MemoryRecord.__table__).where(R.id.in_(bindparam("ids", expanding=True)))
+
+
 # The value kinds a ``RawReads.select`` decodes (one per column, None: as the driver gives it).
 DATETIME = "datetime"
 JSON_VALUE = "json"
@@ -445,7 +454,12 @@ def _column_kind(col: Any) -> str | None:
     return None
 
 
-_CANDIDATE_KINDS = (*(_column_kind(c) for c in MemoryRecord.__table__.columns), None, None)
+_CANDIDATE_KINDS = (None, None, None, None, None)  # id, status, superseded_by, score, part
+_RECORD_KINDS = tuple(_column_kind(c) for c in MemoryRecord.__table__.columns)
+_KEPT_VIEWS = 8192
+"""How many records' views a store keeps for the prompt's candidates (least recently used dropped)."""
+_ID_BUCKETS = (8, 32, 128, 512)
+"""How many ids one ``_records_sql`` statement takes (padded with the last id): few shapes to compile."""
 _CANDIDATE_PARAMS = frozenset({"now", "recent_limit", "matched_limit", "user_id", "personal_limit", "words"})
 
 
@@ -468,6 +482,13 @@ def _candidates_sql(dialect: Any, with_words: bool, with_user: bool, n_words: in
     return expanded.statement, names, fixed
 
 
+@lru_cache(maxsize=16)
+def _records_sql(dialect: Any, n_ids: int) -> str:
+    """``_records_statement`` compiled for ``n_ids`` ids into the driver's SQL (its parameters: the ids, in order)."""
+    expanded = _records_statement().compile(dialect=dialect).construct_expanded_state({"ids": [""] * n_ids})
+    return str(expanded.statement)
+
+
 class MemoryStore:
     """Reads and writes memory records on SQLite or PostgreSQL.
 
@@ -483,6 +504,9 @@ class MemoryStore:
     ) -> None:
         self._engine = engine
         self._raw = raw
+        # Records whose views prompt_candidates has built, by id, newest use last. Only status and
+        # superseded_by change after insert, and every read takes those two from the database.
+        self._views: OrderedDict[str, MemoryRecordView] = OrderedDict()
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
         self._clock = clock or (lambda: datetime.now(UTC))
 
@@ -1281,15 +1305,49 @@ class MemoryStore:
     async def _candidate_rows(
         self, with_words: bool, with_user: bool, n_words: int, params: dict[str, Any]
     ) -> list[tuple[MemoryRecordView, float, str]]:
-        """The rows of ``_candidates_statement`` as (record, score, part): on the raw driver when given one."""
+        """The rows of ``_candidates_statement`` as (record, score, part): on the raw driver when given one.
+
+        The statement gives each candidate's id, status and superseded_by; the rest of a record
+        is fixed at insert, so it is read (``_records_statement``) only for ids not seen before.
+        """
         if self._raw is None:
             async with self._read() as conn:
-                rows = await conn.execute(_candidates_statement(with_words, with_user), params)
-                return [(_view(r), r.score, r.part) for r in rows]
-        sql, names, fixed = _candidates_sql(self._engine.dialect, with_words, with_user, n_words)
-        values = fixed | params | {f"words_{i}": w for i, w in enumerate(params.get("words", ()), 1)}
-        raw = await self._raw.select(sql, [values[n] for n in names], _CANDIDATE_KINDS)
-        return [(_row_view(row), row[-2], row[-1]) for row in raw]
+                rows = [tuple(r) for r in await conn.execute(_candidates_statement(with_words, with_user), params)]
+                missing = self._missing(rows)
+                if missing:
+                    fetched = await conn.execute(_records_statement(), {"ids": missing})
+                    self._keep(_view(r) for r in fetched)
+        else:
+            sql, names, fixed = _candidates_sql(self._engine.dialect, with_words, with_user, n_words)
+            values = fixed | params | {f"words_{i}": w for i, w in enumerate(params.get("words", ()), 1)}
+            rows = await self._raw.select(sql, [values[n] for n in names], _CANDIDATE_KINDS)
+            missing = self._missing(rows)
+            for start in range(0, len(missing), _ID_BUCKETS[-1]):
+                ids = missing[start : start + _ID_BUCKETS[-1]]
+                size = next(b for b in _ID_BUCKETS if b >= len(ids))
+                sql = _records_sql(self._engine.dialect, size)
+                fetched = await self._raw.select(sql, ids + [ids[-1]] * (size - len(ids)), _RECORD_KINDS)
+                self._keep(_row_view(r) for r in fetched)
+        out = []
+        for rid, status, superseded_by, score, part in rows:
+            view = self._views.get(rid)
+            if view is None:
+                continue  # gone between the two reads (records are never deleted; kept for safety)
+            self._views.move_to_end(rid)
+            if view.status != status or view.superseded_by != superseded_by:
+                view = replace(view, status=status, superseded_by=superseded_by)
+                self._views[rid] = view
+            out.append((view, score, part))
+        while len(self._views) > _KEPT_VIEWS:
+            self._views.popitem(last=False)
+        return out
+
+    def _missing(self, rows: Sequence[Sequence[Any]]) -> list[str]:
+        return list(dict.fromkeys(r[0] for r in rows if r[0] not in self._views))
+
+    def _keep(self, views: Iterable[MemoryRecordView]) -> None:
+        for v in views:
+            self._views[v.id] = v
 
     async def prompt_candidates(
         self,
@@ -1309,11 +1367,17 @@ class MemoryStore:
 
         - ``match``: live, current notes sharing terms with the conversation, scored
           in SQL as the sum of ``1/df`` over the shared terms (an idf weight: rare
-          words count more), from ``memory_terms`` (aggregated first, on its
-          covering index, then joined to the records by primary key);
+          words count more), ranked and limited on ``memory_terms`` alone (each
+          posting carries its note's ``said_at`` and ``review_by``, on one covering
+          index), then joined to the records by primary key;
         - ``recent``: the newest live, current notes (``said_at`` order of the
           ``(scope, owner_user_id, status, said_at)`` index);
         - ``personal``: the person's own live personal records, newest first (same index).
+
+        The statement answers each candidate's id, status and superseded_by (all that
+        changes after insert); the store keeps the views it has built (``_KEPT_VIEWS``,
+        least recently used dropped) and reads whole records, in a second statement,
+        only for ids it has not seen.
         """
         words = list(dict.fromkeys(query_terms))
         params: dict[str, Any] = {"now": now, "recent_limit": recent_limit}

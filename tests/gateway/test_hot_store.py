@@ -19,6 +19,7 @@ from sqlalchemy import event, func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import memory.store
 from gateway.db import make_engine, upgrade
 from gateway.explain import TurnExplanation
 from gateway.hotstore import hot_store
@@ -179,33 +180,81 @@ def _seed_rows(rng: random.Random, now: datetime) -> tuple[list[dict[str, Any]],
     return rows, term_rows
 
 
+async def _reference_candidates(
+    engine: AsyncEngine, user_id: str | None, words: list[str], now: datetime
+) -> dict[str, list[tuple[Any, float]]]:
+    """What the candidate statement answers through SQLAlchemy, each record read whole by id: no cache."""
+    params: dict[str, Any] = {"now": now, "recent_limit": 7}
+    if words:
+        params.update(words=words, matched_limit=10)
+    if user_id:
+        params.update(user_id=user_id, personal_limit=9)
+    by_part: dict[str, list[tuple[Any, float]]] = {"match": [], "recent": [], "personal": []}
+    async with engine.connect() as conn:
+        for r in (await conn.execute(_candidates_statement(bool(words), bool(user_id)), params)).all():
+            whole = (await conn.execute(select(MemoryRecord.__table__).where(MemoryRecord.id == r.id))).one()
+            assert (whole.status, whole.superseded_by) == (r.status, r.superseded_by)
+            by_part[r.part].append((_view(whole), float(r.score)))
+    return by_part
+
+
 async def test_candidates_are_what_the_sqlalchemy_statement_returns(engine: AsyncEngine, clock: Clock) -> None:
+    """On the raw driver and through SQLAlchemy, with the store's kept views cold and warm, after a retirement."""
     rows, term_rows = _seed_rows(random.Random(7), clock.now)
     async with engine.begin() as conn:
         await conn.execute(MemoryRecord.__table__.insert(), rows)
         await conn.execute(MemoryTerm.__table__.insert(), term_rows)
-    store = MemoryStore(engine, clock=clock, raw=hot_store(engine))
-    for user_id, words in [("u_0", ["invoice", "audit"]), (None, ["server"]), ("u_1", []), (None, [])]:
-        got = await store.prompt_candidates(
-            user_id=user_id, query_terms=words, now=clock.now, matched_limit=10, recent_limit=7, personal_limit=9
-        )
-        params: dict[str, Any] = {"now": clock.now, "recent_limit": 7}
-        if words:
-            params.update(words=words, matched_limit=10)
-        if user_id:
-            params.update(user_id=user_id, personal_limit=9)
-        async with engine.connect() as conn:
-            want = (await conn.execute(_candidates_statement(bool(words), bool(user_id)), params)).all()
-        by_part: dict[str, list[Any]] = {"match": [], "recent": [], "personal": []}
-        for r in want:
-            by_part[r.part].append((_view(r), float(r.score)))
-        assert sorted((v.id, round(s, 9)) for v, s in got.matched_notes) == sorted(
-            (v.id, round(s, 9)) for v, s in by_part["match"]
-        )
-        assert sorted(v.id for v in got.recent_notes) == sorted(v.id for v, _ in by_part["recent"])
-        assert {v.id: v for v in got.personal} == {v.id: v for v, _ in by_part["personal"]}
-        assert {v.id: v for v in got.recent_notes} == {v.id: v for v, _ in by_part["recent"]}
-        assert bool(words) == bool(got.matched_notes) and bool(user_id) == bool(got.personal)
+    stores = [MemoryStore(engine, clock=clock, raw=hot_store(engine)), MemoryStore(engine, clock=clock)]
+    shapes = [("u_0", ["invoice", "audit"]), (None, ["server"]), ("u_1", []), (None, [])]
+    seen: set[str] = set()
+    gone: list[str] = []
+    for round_ in ("cold", "warm", "after a retirement"):
+        if round_ == "after a retirement":
+            # Another process retires a note and a personal record the stores have already read.
+            for scope in ("agent_notes", "personal"):
+                gone.append(next(r["id"] for r in rows if r["scope"] == scope and r["id"] in seen))
+            async with engine.begin() as conn:
+                await conn.execute(
+                    MemoryRecord.__table__.update()
+                    .where(MemoryRecord.id.in_(gone))
+                    .values(status="superseded", superseded_by=rows[-1]["id"])
+                )
+                await conn.execute(MemoryTerm.__table__.delete().where(MemoryTerm.record_id.in_(gone)))
+            seen = set()
+        for user_id, words in shapes:
+            want = await _reference_candidates(engine, user_id, words, clock.now)
+            for store in stores:
+                got = await store.prompt_candidates(
+                    user_id=user_id, query_terms=words, now=clock.now, matched_limit=10, recent_limit=7,
+                    personal_limit=9,
+                )  # fmt: skip
+                assert {v.id: (v, round(s, 9)) for v, s in got.matched_notes} == {
+                    v.id: (v, round(s, 9)) for v, s in want["match"]
+                }, round_
+                assert {v.id: v for v in got.recent_notes} == {v.id: v for v, _ in want["recent"]}, round_
+                assert {v.id: v for v in got.personal} == {v.id: v for v, _ in want["personal"]}, round_
+                assert bool(words) == bool(got.matched_notes) and bool(user_id) == bool(got.personal)
+                seen |= {v.id for v, _ in got.matched_notes} | {v.id for v in got.recent_notes + got.personal}
+    assert len(gone) == 2 and not seen & set(gone)
+
+
+async def test_candidates_read_in_several_fetches_and_beyond_the_kept_views(
+    engine: AsyncEngine, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More new ids than one fetch takes, and more records than the store keeps: the same answer."""
+    rows, term_rows = _seed_rows(random.Random(11), clock.now)
+    async with engine.begin() as conn:
+        await conn.execute(MemoryRecord.__table__.insert(), rows)
+        await conn.execute(MemoryTerm.__table__.insert(), term_rows)
+    monkeypatch.setattr(memory.store, "_ID_BUCKETS", (2, 4))
+    monkeypatch.setattr(memory.store, "_KEPT_VIEWS", 5)
+    raw, plain = MemoryStore(engine, clock=clock, raw=hot_store(engine)), MemoryStore(engine, clock=clock)
+    kw: dict[str, Any] = {"matched_limit": 30, "recent_limit": 30, "personal_limit": 30}
+    for _ in range(2):
+        got = await raw.prompt_candidates(user_id="u_0", query_terms=["invoice", "server"], now=clock.now, **kw)
+        want = await plain.prompt_candidates(user_id="u_0", query_terms=["invoice", "server"], now=clock.now, **kw)
+        assert got == want and len(got.matched_notes) > 4 and len(got.personal) > 4
+        assert len(raw._views) <= 5 and len(plain._views) <= 5
 
 
 async def _trimmed(store: SessionStore, conversation: str) -> tuple[str, str]:
