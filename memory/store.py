@@ -373,7 +373,7 @@ def _candidates_statement(with_words: bool, with_user: bool) -> Any:
     parts: list[Any] = []
     if with_words:
         T = MemoryTerm.__table__
-        words = bindparam("words", expanding=True)
+        words: Any = bindparam("words", expanding=True)
         df = select(T.c.term, func.count().label("n")).where(T.c.term.in_(words)).group_by(T.c.term).cte("df")
         postings = T.alias("postings")
         # Ranked and limited on the postings alone (their covering index holds said_at and
@@ -1310,13 +1310,14 @@ class MemoryStore:
         The statement gives each candidate's id, status and superseded_by; the rest of a record
         is fixed at insert, so it is read (``_records_statement``) only for ids not seen before.
         """
+        rows: list[tuple[Any, ...]]
         if self._raw is None:
             async with self._read() as conn:
                 rows = [tuple(r) for r in await conn.execute(_candidates_statement(with_words, with_user), params)]
                 missing = self._missing(rows)
                 if missing:
-                    fetched = await conn.execute(_records_statement(), {"ids": missing})
-                    self._keep(_view(r) for r in fetched)
+                    found = await conn.execute(_records_statement(), {"ids": missing})
+                    self._keep(_view(r) for r in found)
         else:
             sql, names, fixed = _candidates_sql(self._engine.dialect, with_words, with_user, n_words)
             values = fixed | params | {f"words_{i}": w for i, w in enumerate(params.get("words", ()), 1)}
