@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # As in bench/turn_overhead.py: another tree's database is migrated and seeded by that tree's code.
 sys.path.insert(0, os.environ.get("GOCLAW_BENCH_SOURCE") or str(ROOT))
 
-from bench.turn_overhead import cpu_seconds, free_port, pct, wait_up
+from bench.turn_overhead import free_port, pct, wait_up
 
 PEER = textwrap.dedent(
     """
@@ -146,6 +146,9 @@ async def drive(
     With ``spread_s`` the sessions' first messages are spread evenly over that time (people do not all
     press enter in the same millisecond); with 0 they all start at once and stay in step.
     """
+    # Here, not at the top: a --baseline-source tree's seeding child imports the bench from that tree.
+    from bench.turn_overhead import cpu_seconds
+
     latencies: list[float] = []
     errors: dict[str, int] = {}
     stop = asyncio.Event()
