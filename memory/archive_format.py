@@ -45,7 +45,7 @@ FORMAT_LINE = f"- **Format**: goclaw-archive {ARCHIVE_FORMAT}"
 # separators str.splitlines() breaks on), format characters (bidi overrides, zero-width),
 # surrogates, private use, unassigned, and the line / paragraph separators.
 _ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
-_SHORT = {"\\": "\\\\", "\n": "\\n", "[": "\\[", "]": "\\]"}
+_SHORT = {"\\": "\\\\", "\n": "\\n", "[": "\\[", "]": "\\]"}  # the backslash first: see encode_field
 _UNSHORT = {"\\": "\\", "n": "\n", "[": "[", "]": "]"}
 NONE_MARK = "-"
 AGENT_MARK = "agent"
@@ -60,24 +60,21 @@ def _code(ch: str) -> str:
     return f"\\u{{{ord(ch):x}}}"
 
 
-def _escaped(value: str) -> str:
-    # The short escapes first (the backslash before the others, whose escapes add backslashes). What
-    # they write is printable and never escaped again, so only a value still holding an unprintable
-    # character is walked for the escaped categories (str.isprintable is False for each of them, and
-    # for the spaces other than " ", which come out of the walk unchanged).
-    out = value.replace("\\", "\\\\").replace("\n", "\\n").replace("[", "\\[").replace("]", "\\]")
-    if out.isprintable():
-        return out
-    return "".join(_code(ch) if unicodedata.category(ch) in _ESCAPED_CATEGORIES else ch for ch in out)
-
-
 def encode_field(value: str) -> str:
     """A value escaped so it holds no line break, no bracket and no control character.
 
     The whole values ``-`` and ``agent`` are reserved marks (no user, the
     agent), so as a value their first character is written ``\\u{..}``.
     """
-    out = _escaped(value)
+    # The short escapes first, the backslash before the others (whose escapes add backslashes). What
+    # they write is printable and never escaped again, so only a value still holding an unprintable
+    # character is walked for the escaped categories (str.isprintable is False for each of them, and
+    # for the spaces other than " ", which come out of the walk unchanged).
+    out = value
+    for ch, escape in _SHORT.items():
+        out = out.replace(ch, escape)
+    if not out.isprintable():
+        out = "".join(_code(ch) if unicodedata.category(ch) in _ESCAPED_CATEGORIES else ch for ch in out)
     if out in _RESERVED:
         out = _code(out[0]) + out[1:]
     return out
