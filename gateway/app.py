@@ -62,8 +62,12 @@ class Gateway:
         provider: LLMProvider | None = None,
         clock: Callable[[], datetime] | None = None,
         engine: AsyncEngine | None = None,
+        inline_driver: bool = False,
     ) -> None:
         self.config = config
+        # The background thread's gateway: on SQLite, its driver calls are made inline
+        # (gateway/sqlite_inline.py); nothing on its loop answers a turn.
+        self._inline_driver = inline_driver
         self.clock = clock or (lambda: datetime.now(UTC))
         self._provider_override = provider
         self._engine_override = engine
@@ -92,7 +96,7 @@ class Gateway:
         """Migrate the database, open the model, build the turn and web app, start channels and the worker."""
         from gateway.llm.factory import make_provider
 
-        self.engine = self._engine_override or make_engine(self.config.database.url, echo=self.config.database.echo)
+        self.engine = self._engine_override or self._make_engine()
         await upgrade(self.engine)
         self.pairing = PairingStore(self.engine, clock=self.clock, roles=hot_store(self.engine))
         self.sessions = SessionStore(self.engine, clock=self.clock)
@@ -265,6 +269,14 @@ class Gateway:
             await self.provider.stop()
         if hasattr(self, "engine") and self._engine_override is None:
             await self.engine.dispose()
+
+    def _make_engine(self) -> AsyncEngine:
+        db = self.config.database
+        if self._inline_driver and db.url.startswith("sqlite"):
+            from gateway.sqlite_inline import make_inline_engine
+
+            return make_inline_engine(db.url, echo=db.echo)
+        return make_engine(db.url, echo=db.echo)
 
     async def __aenter__(self) -> Gateway:
         await self.start()

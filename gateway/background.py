@@ -132,10 +132,12 @@ class Background:
         return got
 
 
-async def _start_worker_gateway(cfg: Config, metrics: Metrics | None = None) -> tuple[Gateway, Background]:
+async def _start_worker_gateway(
+    cfg: Config, metrics: Metrics | None = None, *, inline_driver: bool = False
+) -> tuple[Gateway, Background]:
     from gateway.app import Gateway
 
-    gw = Gateway(cfg)
+    gw = Gateway(cfg, inline_driver=inline_driver)
     if metrics is not None:
         gw.metrics = metrics  # the serving process's /metrics shows the jobs too
     await gw.start(channels=False, worker=False)
@@ -197,7 +199,8 @@ class WorkerThread:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        gw, bg = await _start_worker_gateway(self.cfg, self.metrics)
+        # Its own loop answers no turn: on SQLite its driver calls are made inline (gateway/sqlite_inline.py).
+        gw, bg = await _start_worker_gateway(self.cfg, self.metrics, inline_driver=True)
         self.gateway = gw
         self._ready.set()
         try:

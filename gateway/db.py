@@ -51,10 +51,15 @@ def prepare_sqlite_dir(url: str) -> None:
         raise DatabaseUnavailable(f"the database file {path} is not writable; fix its permissions")
 
 
-def make_engine(url: str, *, echo: bool = False) -> AsyncEngine:
-    """An async engine; SQLite gets WAL, foreign keys and a busy timeout."""
+def make_engine(url: str, *, echo: bool = False, async_creator: Any = None) -> AsyncEngine:
+    """An async engine; SQLite gets WAL, foreign keys and a busy timeout.
+
+    ``async_creator`` makes the driver's connections (``gateway.sqlite_inline``'s, for the background thread).
+    """
     prepare_sqlite_dir(url)
     kwargs: dict[str, Any] = {"echo": echo}
+    if async_creator is not None:
+        kwargs["async_creator"] = async_creator
     if url.startswith("sqlite"):
         # SQLite has one writer at a time; several pooled connections only make
         # them wait on each other in SQLite's busy handler (sleeps of up to 100 ms).

@@ -1,0 +1,159 @@
+"""The background thread's SQLite engine: SQLAlchemy's aiosqlite dialect, its driver calls made inline.
+
+What the background work writes through it must read back, through the
+aiosqlite engine every other path uses, as it would have been written there;
+a failed statement must roll back and leave the connection usable; a write must
+wait out another connection's write lock instead of failing; and the worker
+thread ``goclaw serve`` starts must use it, and run a trim's extraction job to
+the end with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import insert, select, text
+from sqlalchemy.exc import IntegrityError
+
+from gateway.app import Gateway
+from gateway.background import WorkerThread
+from gateway.config import Config
+from gateway.db import make_engine, upgrade
+from gateway.models import Job, Message, Session
+from gateway.sessions import SessionKey
+from gateway.sqlite_inline import InlineConnection, make_inline_engine
+from gateway.turn import TurnRequest
+from memory.gate import WriteAccess
+from memory.store import MemoryStore
+from memory.writer import MemoryWriter
+from pairing.principal import Principal, Role
+from tests.conftest import Clock
+
+ALICE = Principal.human("u_alice", Role.USER, "Alice")
+SAID = datetime(2026, 11, 30, 9, 15, 30, 123456, tzinfo=UTC)
+
+
+def _db_path(url: str) -> Path:
+    return Path(url.removeprefix("sqlite+aiosqlite:///"))
+
+
+async def test_records_written_inline_read_back_as_written_through_aiosqlite(sqlite_url: str) -> None:
+    inline, plain = make_inline_engine(sqlite_url), make_engine(sqlite_url)
+    try:
+        await upgrade(plain)
+        writer = MemoryWriter(MemoryStore(inline), write_access=WriteAccess())
+        first = await writer.write(ALICE, "personal", "memory_write", subject="lunch", content="Soup.", said_at=SAID)
+        later = SAID.replace(hour=10)
+        second = await writer.write(ALICE, "personal", "memory_write", subject="lunch", content="Salad.", said_at=later)
+        assert first.record is not None and second.record is not None
+        # The subject rule ran through the inline driver: the first is history, with its revision row.
+        read = MemoryStore(plain)
+        old, new = await read.get(first.record.id), await read.get(second.record.id)
+        assert old is not None and old.status == "superseded" and old.superseded_by == second.record.id
+        assert new == second.record
+        assert new.said_at == later and new.said_at.tzinfo is not None
+        assert [r.retired_id for r in await read.revisions_for(first.record.id)] == [first.record.id]
+    finally:
+        await inline.dispose()
+        await plain.dispose()
+
+
+async def test_a_failed_statement_rolls_back_and_the_connection_goes_on(sqlite_url: str) -> None:
+    plain = make_engine(sqlite_url)
+    await upgrade(plain)
+    await plain.dispose()
+    inline = make_inline_engine(sqlite_url)
+    now = datetime.now(UTC)
+    job = insert(Job).values(kind="extract", payload={}, status="pending", run_after=now)
+    orphan = insert(Message).values(
+        session_id="s_missing", speaker_user_id="u", stored_role="user", display_name="U",
+        text="x", said_at=now, is_agent=False, created_at=now,
+    )  # fmt: skip
+
+    async def both() -> None:
+        async with inline.begin() as conn:
+            await conn.execute(job)
+            await conn.execute(orphan)
+
+    try:
+        with pytest.raises(IntegrityError):  # foreign keys are on: no such session
+            await both()
+        async with inline.connect() as conn:
+            assert (await conn.execute(select(Job.id))).all() == []  # the job went with the failed transaction
+            raw = await conn.get_raw_connection()
+            assert isinstance(raw.driver_connection, InlineConnection)
+            assert (await conn.execute(text("PRAGMA journal_mode"))).scalar() == "wal"
+    finally:
+        await inline.dispose()
+
+
+async def test_a_write_waits_for_another_connections_write_lock(sqlite_url: str) -> None:
+    plain = make_engine(sqlite_url)
+    await upgrade(plain)
+    await plain.dispose()
+    holder = sqlite3.connect(_db_path(sqlite_url), check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute(
+        "INSERT INTO sessions (id, channel, conversation_id, thread_id, previous_context, created_at, updated_at)"
+        " VALUES ('s_held', 'api', 'held', '', '', '2026-12-01 00:00:00', '2026-12-01 00:00:00')"
+    )
+    inline = make_inline_engine(sqlite_url)
+    release = threading.Timer(0.3, holder.commit)
+    try:
+        release.start()
+        now = datetime.now(UTC)
+        async with inline.begin() as conn:  # waits in SQLite's busy handler, then commits
+            await conn.execute(
+                insert(Session).values(
+                    id="s_inline", channel="api", conversation_id="inline", thread_id="", previous_context="",
+                    created_at=now, updated_at=now,
+                )
+            )  # fmt: skip
+        async with inline.connect() as conn:
+            assert sorted((await conn.execute(select(Session.id))).scalars()) == ["s_held", "s_inline"]
+    finally:
+        release.join()
+        holder.close()
+        await inline.dispose()
+
+
+async def test_the_worker_thread_runs_a_trims_extraction_job_on_the_inline_driver(sqlite_url: str) -> None:
+    cfg = Config.model_validate(
+        {"database": {"url": sqlite_url}, "session": {"max_messages": 4, "keep_messages": 1, "idle_extract_seconds": 0}}
+    )
+    gw = Gateway(cfg, clock=Clock())
+    await gw.start(channels=False, worker=False)
+    thread = WorkerThread(cfg)
+    await thread.start()
+    try:
+        gw.wake_remote_worker = thread.wake
+        assert thread.gateway is not None and thread._loop is not None
+
+        async def driver() -> object:
+            async with thread.gateway.engine.connect() as conn:  # type: ignore[union-attr]
+                return (await conn.get_raw_connection()).driver_connection
+
+        raw = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(driver(), thread._loop))
+        assert isinstance(raw, InlineConnection)
+        alice = await gw.pairing.principal_for_user((await gw.pairing.add_user("Alice", "user")).id)
+        for i, said in enumerate(["my favourite colour is green", "I live in Lisbon", "thanks", "bye"]):
+            await gw.turns.handle(
+                TurnRequest(SessionKey("api", "room"), alice, said, f"m{i}", datetime.now(UTC), "Alice")
+            )
+        await gw.turns.settled()
+        for _ in range(200):  # the worker thread claims and runs the trim's job on its own
+            jobs = await gw.sessions.jobs()
+            if jobs and all(j.status == "done" for j in jobs):
+                break
+            await asyncio.sleep(0.05)
+        assert jobs and all(j.status == "done" for j in jobs), [(j.kind, j.status, j.last_error) for j in jobs]
+        summaries = [r for r in await gw.memory.store.personal_for(alice.user_id or "") if r.source == "live"]
+        assert summaries, "the job wrote nothing to Alice's memory"
+    finally:
+        await thread.stop()
+        await gw.stop()
