@@ -194,7 +194,8 @@ class RevisingWriter(MemoryWriter):
                 if await self.reviser.candidates(record):
                     await self.defer_revision(record.id, kwargs["run_id"])
             else:
-                await self.reviser.revise(record.id, cause="live", run_id=kwargs["run_id"])
+                # The write applied the subject rule already, in its own transaction.
+                await self.reviser.revise(record.id, cause="live", run_id=kwargs["run_id"], written=record)
         return result
 
 

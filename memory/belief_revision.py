@@ -276,29 +276,30 @@ class BeliefReviser:
         related.sort(key=lambda p: (p[0].subject_key != record.subject_key, -p[1], -p[0].said_at.timestamp(), p[0].id))
         return [v for v, _ in related[: self.max_candidates]]
 
-    async def revise(self, record_id: str, *, cause: str, run_id: str | None = None) -> RevisionOutcome:
+    async def revise(
+        self, record_id: str, *, cause: str, run_id: str | None = None, written: MemoryRecordView | None = None
+    ) -> RevisionOutcome:
         """Revise one record: the subject rule again, then the judge over its related records.
 
         Args:
             record_id: The record (it must be live; anything else is skipped).
             cause: ``live``, ``relearn``, ``confirm`` or ``revise``: recorded on each revision row.
             run_id: The run the revision rows belong to (a fresh one by default).
+            written: The record as the write that just committed it returned it. That write
+                applied the subject rule in its own transaction (under the subject's lock on
+                PostgreSQL), so the rule is not applied again nor the record read back; a
+                later writer on the subject applies the rule itself. The judge's retirements
+                still check, in their own transaction, that the record is live.
         """
         run = run_id or new_run_id("br")
         out = RevisionOutcome(record_id, run, cause)
-        record = await self.store.get(record_id)
+        record = written if written is not None and written.id == record_id else None
         if record is None:
-            out.skipped = "no such record"
-            return out
-        if record.status != "live":
-            # policy: "An unverified record retires nothing; confirming it queues belief revision."
+            record = await self._after_subject_rule(record_id, cause, run, out)
+        elif record.status != "live":
             out.skipped = f"the record is {record.status}, not live"
             return out
-        out.retired.extend(await self.store.apply_subject_rule(record_id, cause=cause, run_id=run))
-        record = await self.store.get(record_id)
-        if record is None or record.status != "live":
-            out.replaced_by = record.superseded_by if record else None
-            out.skipped = "the subject rule made it history"
+        if record is None:
             return out
         shown = await self.candidates(record)
         out.candidates = len(shown)
@@ -323,6 +324,26 @@ class BeliefReviser:
         out.ignored.extend(problems)
         await self._apply(record, {c.id: c for c in shown}, decisions, out)
         return out
+
+    async def _after_subject_rule(
+        self, record_id: str, cause: str, run: str, out: RevisionOutcome
+    ) -> MemoryRecordView | None:
+        """The record read, the subject rule applied to it again, and read again; None (with why) if not live."""
+        record = await self.store.get(record_id)
+        if record is None:
+            out.skipped = "no such record"
+            return None
+        if record.status != "live":
+            # policy: "An unverified record retires nothing; confirming it queues belief revision."
+            out.skipped = f"the record is {record.status}, not live"
+            return None
+        out.retired.extend(await self.store.apply_subject_rule(record_id, cause=cause, run_id=run))
+        record = await self.store.get(record_id)
+        if record is None or record.status != "live":
+            out.replaced_by = record.superseded_by if record else None
+            out.skipped = "the subject rule made it history"
+            return None
+        return record
 
     async def revise_many(
         self, record_ids: Iterable[str], *, cause: str, run_id: str | None = None
