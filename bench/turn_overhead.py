@@ -5,10 +5,12 @@ process is the client. Each gateway's database is seeded with 10,000 stored
 messages first. For each client count (``--clients 1,8``) it prints turns/s,
 p50/p99 latency, the throughput ratio to the echo, and the gateway's **CPU per
 turn**: the server process's user+system time from ``/proc/PID/stat`` (all its
-threads, so aiosqlite's thread counts too) over the load, divided by the turns.
-The client's own CPU is in another process and is not counted. It is split into
-the event loop's thread (the turns themselves) and the other threads (the
-background work's extraction jobs; in an older tree, the database driver's thread). With
+threads, so aiosqlite's thread counts too, and its descendants: the job process
+that runs extraction jobs) over the load, divided by the turns. The client's own
+CPU is in another process and is not counted. It is split into the event loop's
+thread (the turns themselves) and the rest (the job process's extraction jobs,
+the worker thread; in older trees the jobs on that thread, and the database
+driver's thread). With
 ``--baseline-source DIR`` a second gateway from another tree (e.g. main) runs the
 same load in the same run, interleaved, on its own database.
 
@@ -151,10 +153,26 @@ def pct(values: list[float], q: float) -> float:
 
 
 def cpu_seconds(pid: int, *, thread: int | None = None) -> float:
-    """User + system CPU seconds of a process so far (every thread), or of one of its threads, from /proc."""
-    stat = Path(f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat")
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds so far of a process and its descendants (``goclaw serve``'s job process), from /proc.
+
+    With ``thread``, of that one thread of ``pid`` only. Children that exited and were
+    reaped are counted in their parent's ``cutime``/``cstime``.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    if thread:
+        fields = Path(f"/proc/{pid}/task/{thread}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # it exited meanwhile (its parent's cutime has it once reaped)
+    return total / tick
 
 
 async def pg_database(server: str, name: str, *, drop: bool = False) -> str:
@@ -241,8 +259,8 @@ class Gateway:
 async def measure(g: Gateway, requests: int, clients: int, headers: dict[str, str]) -> Result:
     """(turns/s, p50 ms, p99 ms, server CPU ms per turn, its event-loop thread's share) for one load.
 
-    The event loop's thread answers the turns; the other threads are the background work's
-    (extraction jobs) and, in an older tree, the database driver's.
+    The event loop's thread answers the turns; the rest is the background work's (the job
+    process's extraction jobs; in an older tree, jobs on a thread) and, older still, the driver's thread.
     """
     assert g.proc is not None
     pid = g.proc.pid
@@ -332,7 +350,7 @@ async def main() -> None:
             )
             print(
                 f"    {g.name:8s} {med(key, 0):7.1f} turns/s, p50 {med(key, 1):.2f} ms, p99 {med(key, 2):.2f} ms, "
-                f"CPU {med(key, 3):.2f} ms/turn (event-loop thread {med(key, 4):.2f}, other threads"
+                f"CPU {med(key, 3):.2f} ms/turn (event-loop thread {med(key, 4):.2f}, the rest"
                 f" {med(key, 3) - med(key, 4):.2f}), ratio to echo {ratio:.3f}"
             )
         if len(gateways) == 2:

@@ -125,7 +125,7 @@ class Gateway:
             self.engine,
             idle_seconds=self.config.session.idle_extract_seconds,
             clock=self.clock,
-            on_job=self.worker.wake,
+            on_job=self.wake_worker,
         )
         self.turns = TurnHandler(
             config=self.config,

@@ -6,10 +6,12 @@ automatic distillation) and the SOP scheduler. None of it belongs on the loop
 that answers turns: a slow extraction model or a 20 ms job would add to a turn's
 latency.
 
-- ``worker.mode: inline`` (the default): ``goclaw serve`` runs it in
-  :class:`WorkerThread`, a thread with its own event loop and its own
-  :class:`~gateway.app.Gateway` (engine, stores, model client); the turns' loop
-  only wakes it.
+- ``worker.mode: inline`` (the default): ``goclaw serve`` runs the jobs in a
+  child process of its own (``gateway/jobproc.py``), which shares no GIL with
+  the turns, and the rest in :class:`WorkerThread`, a thread with its own event
+  loop and its own :class:`~gateway.app.Gateway` (engine, stores, model client),
+  so that an SOP run delivers through this process's channels. The turns' loop
+  only wakes them.
 - ``worker.mode: separate`` (PostgreSQL): ``goclaw serve`` runs none of it and
   ``goclaw worker`` (:func:`run_worker_forever`) does, in its own process.
   ``goclaw serve --workers N`` with ``inline`` starts one such process itself.
@@ -31,6 +33,7 @@ import hashlib
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sqlalchemy import text
@@ -59,15 +62,17 @@ class Background:
         retry_s: How often a worker without the lock tries to take it, and checks it still holds it.
     """
 
-    def __init__(self, gw: Gateway, *, retry_s: float = LEADER_RETRY_S) -> None:
+    def __init__(self, gw: Gateway, *, retry_s: float = LEADER_RETRY_S, jobs: bool = True) -> None:
         self.gw = gw
         self.retry_s = retry_s
+        self.jobs = jobs  # False: the job process (gateway/jobproc.py) runs them
         self.leading = False
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Start the job worker, and the loop that holds (or waits for) the scheduler lock."""
-        await self.gw.worker.start()
+        """Start the job worker (unless another process runs the jobs), and the loop that holds the scheduler lock."""
+        if self.jobs:
+            await self.gw.worker.start()
         self._task = asyncio.create_task(self._lead(), name="goclaw-scheduler-lock")
 
     async def stop(self) -> None:
@@ -133,7 +138,11 @@ class Background:
 
 
 async def _start_worker_gateway(
-    cfg: Config, metrics: Metrics | None = None, *, inline_driver: bool = False
+    cfg: Config,
+    metrics: Metrics | None = None,
+    *,
+    inline_driver: bool = False,
+    wake_jobs: Callable[[], None] | None = None,
 ) -> tuple[Gateway, Background]:
     from gateway.app import Gateway
 
@@ -141,7 +150,9 @@ async def _start_worker_gateway(
     if metrics is not None:
         gw.metrics = metrics  # the serving process's /metrics shows the jobs too
     await gw.start(channels=False, worker=False)
-    bg = Background(gw)
+    # With a job process, what this gateway queues (an idle slice, an SOP run's trim) wakes that process.
+    gw.wake_remote_worker = wake_jobs
+    bg = Background(gw, jobs=wake_jobs is None)
     await bg.start()
     return gw, bg
 
@@ -153,9 +164,13 @@ class WorkerThread:
     turns' loop, so a slow job never delays a turn.
     """
 
-    def __init__(self, cfg: Config, *, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, cfg: Config, *, metrics: Metrics | None = None, wake_jobs: Callable[[], None] | None = None
+    ) -> None:
         self.cfg = cfg
         self.metrics = metrics
+        # Set when a job process runs the jobs: this thread runs the scheduler-type work only.
+        self.wake_jobs = wake_jobs
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -172,6 +187,9 @@ class WorkerThread:
 
     def wake(self) -> None:
         """Look for jobs now (called from the turns' loop after a trim or a deferred revision)."""
+        if self.wake_jobs is not None:
+            self.wake_jobs()
+            return
         loop, gw = self._loop, self.gateway
         if loop is not None and gw is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (shutdown)
@@ -200,7 +218,7 @@ class WorkerThread:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         # Its own loop answers no turn: on SQLite its driver calls are made inline (gateway/sqlite_inline.py).
-        gw, bg = await _start_worker_gateway(self.cfg, self.metrics, inline_driver=True)
+        gw, bg = await _start_worker_gateway(self.cfg, self.metrics, inline_driver=True, wake_jobs=self.wake_jobs)
         self.gateway = gw
         self._ready.set()
         try:

@@ -347,7 +347,8 @@ class IntelligenceConfig(_Model):
 class WorkerConfig(_Model):
     """Where the background work runs: durable jobs, idle extraction, consolidation, SOP schedules."""
 
-    # inline: ``goclaw serve`` runs it, on a thread with its own event loop (off the turns' loop).
+    # inline: ``goclaw serve`` runs it: the jobs in a child process (gateway/jobproc.py), the rest on a
+    # thread with its own event loop (off the turns' loop).
     # separate: ``goclaw serve`` runs none of it; ``goclaw worker`` does (PostgreSQL only).
     mode: Literal["inline", "separate"] = "inline"
 
@@ -378,7 +379,7 @@ class Config(_Model):
         if self.worker.mode == "separate" and not self.database.url.startswith("postgresql"):
             raise ValueError(
                 "worker.mode: separate needs PostgreSQL (database.url is SQLite, which one process owns); "
-                "use worker.mode: inline (the worker runs on its own thread inside goclaw serve), "
+                "use worker.mode: inline (goclaw serve runs the background work itself), "
                 "or point database.url at PostgreSQL"
             )
         return self

@@ -45,7 +45,7 @@ def serve_command(config: str | None, workers: int = 1, child: int | None = None
         if workers > 1:
             supervise(cfg, config, workers)
             return
-        asyncio.run(serve_forever(cfg, child=child))
+        asyncio.run(serve_forever(cfg, child=child, config_path=config))
     except KeyboardInterrupt:
         pass
     except (SuperviseError, DatabaseUnavailable) as exc:
@@ -56,7 +56,7 @@ def serve_command(config: str | None, workers: int = 1, child: int | None = None
         ) from None
 
 
-async def serve_forever(cfg: Config, *, child: int | None = None) -> None:
+async def serve_forever(cfg: Config, *, child: int | None = None, config_path: str | None = None) -> None:
     """Start the gateway, serve the web app, and run until SIGINT/SIGTERM.
 
     ``child`` is set for the processes of ``goclaw serve --workers N``: they
@@ -66,6 +66,7 @@ async def serve_forever(cfg: Config, *, child: int | None = None) -> None:
     """
     from gateway.background import WorkerThread
     from gateway.heap import settle_heap
+    from gateway.jobproc import JobProcess
 
     # Handled from the start: a stop asked for while the gateway (or its worker thread) starts is
     # carried out once it has started, never a kill halfway through.
@@ -78,6 +79,7 @@ async def serve_forever(cfg: Config, *, child: int | None = None) -> None:
     gw = Gateway(cfg)
     await gw.start(channels=False, worker=False)
     thread: WorkerThread | None = None
+    jobs: JobProcess | None = None
     runner = web.AppRunner(gw.web, access_log=None)
     await runner.setup()
     try:
@@ -94,11 +96,14 @@ async def serve_forever(cfg: Config, *, child: int | None = None) -> None:
         else:
             log.info("dashboard: log in at http://%s:%s/ with server.dashboard_token", cfg.server.host, port)
         if child is None and cfg.worker.mode == "inline":
-            # The background work on its own thread and event loop (after the listener: /healthz
-            # answers meanwhile): a job never delays a turn.
-            thread = WorkerThread(cfg, metrics=gw.metrics)
+            # The background work after the listener (/healthz answers meanwhile): the jobs in a
+            # process of their own (gateway/jobproc.py), the scheduled work on a thread with its own
+            # event loop; neither delays a turn.
+            jobs = JobProcess(config_path, on_job=lambda kind, outcome: gw.metrics.jobs.labels(kind, outcome).inc())
+            await jobs.start()
+            thread = WorkerThread(cfg, metrics=gw.metrics, wake_jobs=jobs.wake)
             await thread.start()
-            gw.wake_remote_worker = thread.wake
+            gw.wake_remote_worker = jobs.wake
         await gw.start_channels()
         settle_heap()  # everything start-up made, out of the collector's way (gateway/heap.py)
         # Answer what the last process left unanswered, without holding up the listener.
@@ -110,6 +115,8 @@ async def serve_forever(cfg: Config, *, child: int | None = None) -> None:
         await runner.cleanup()
         if thread is not None:
             await thread.stop()
+        if jobs is not None:
+            await jobs.stop()
         await gw.stop()
 
 

@@ -17,7 +17,9 @@ aiosqlite raises them.
 
 A wait for SQLite's write lock (another connection's transaction: the turns'
 hot store, or a cold path's) happens in SQLite's busy handler, with the GIL
-released, on this thread only.
+released, on this thread only. Each commit and rollback is reported to the hot
+store (:data:`gateway.hotstore.sqlite.RELEASES`), so a turn that found the
+database busy tries again the moment this thread's transaction ends.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.hotstore.sqlite import RELEASES
 
 
 class InlineCursor:
@@ -125,10 +129,16 @@ class InlineConnection:
         return await InlineCursor(self._conn.cursor()).execute(sql, parameters)
 
     async def commit(self) -> None:
-        self._conn.commit()
+        try:
+            self._conn.commit()
+        finally:
+            RELEASES.released()  # a turn waiting for the write lock tries again now
 
     async def rollback(self) -> None:
-        self._conn.rollback()
+        try:
+            self._conn.rollback()
+        finally:
+            RELEASES.released()
 
     async def close(self) -> None:
         if self._connection is not None:

@@ -76,6 +76,8 @@ class JobWorker:
         # Kinds whose finished jobs are deleted, not kept as done: their outcome has its own record.
         self.forget_done = forget_done
         self._storage_down = False
+        # Called with (kind, outcome) for each job run (the job process reports them to its parent's /metrics).
+        self.report: Callable[[str, str], None] | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -142,6 +144,8 @@ class JobWorker:
     def _count(self, kind: str, outcome: str) -> None:
         if self.metrics:
             self.metrics.jobs.labels(kind, outcome).inc()
+        if self.report is not None:
+            self.report(kind, outcome)
 
     async def _loop(self) -> None:
         while True:

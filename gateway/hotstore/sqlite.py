@@ -17,9 +17,11 @@ then the error is raised ("database is locked"), which the gateway answers 503.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -47,6 +49,62 @@ T = TypeVar("T")
 _BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 _FIRST_WAIT_S = 0.001
 _MAX_WAIT_S = 0.05
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class WriteLockReleases:
+    """When this process's other SQLite connections end a write transaction, for waiters on any loop.
+
+    The background thread's connection (``gateway/sqlite_inline.py``) reports each
+    commit and rollback here. A turn whose ``BEGIN IMMEDIATE`` found the database
+    busy then retries as soon as that transaction ends, instead of after its
+    backoff (1 ms doubling to 50 ms), which kept a turn that met an extraction
+    job's transaction waiting 7-67 ms. A writer in another process reports
+    nothing; the backoff still bounds the wait for it.
+    """
+
+    def __init__(self) -> None:
+        self.generation = 0
+        # In the job process (gateway/jobproc.py): tells the serving process, whose turns may be waiting.
+        self.on_release: Callable[[], None] | None = None
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
+        self._lock = threading.Lock()
+
+    def released(self) -> None:
+        """A write transaction ended (called on any thread)."""
+        if self.on_release is not None:
+            self.on_release()
+        with self._lock:
+            self.generation += 1
+            waiters, self._waiters = self._waiters, set()
+        for loop, fut in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
+                loop.call_soon_threadsafe(_wake, fut)
+
+    async def wait(self, generation: int, timeout: float) -> None:
+        """Until a release after ``generation`` (at once if one happened already), or ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        entry = (loop, fut)
+        with self._lock:
+            if self.generation != generation:
+                return
+            self._waiters.add(entry)
+        timer = loop.call_later(timeout, _wake, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            with self._lock:
+                self._waiters.discard(entry)
+
+
+RELEASES = WriteLockReleases()
+"""This process's write-lock releases (one per process: every SQLite database in it shares it)."""
 
 
 def encode_time(value: datetime) -> str:
@@ -145,6 +203,7 @@ class SQLiteHotStore(HotStore):
         deadline: float | None = None
         wait = _FIRST_WAIT_S
         while True:
+            released = RELEASES.generation  # read before trying: a release after it is never missed
             conn = self._connection()
             try:
                 if not write:
@@ -157,6 +216,9 @@ class SQLiteHotStore(HotStore):
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
+                finally:
+                    if RELEASES.on_release is not None:
+                        RELEASES.released()  # the job process's claims and finishes: its parent's turns may wait
                 return result
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
@@ -166,9 +228,9 @@ class SQLiteHotStore(HotStore):
                     deadline = now + self.busy_timeout_s
                 if now >= deadline:
                     raise
-            # Another connection (a cold path's transaction, another process) holds the write lock:
-            # let the loop run it to its end, then try again.
-            await asyncio.sleep(wait)
+            # Another connection (the background thread's, a cold path's, another process's) holds the
+            # write lock: let the loop run, and try again when it is released or after the backoff.
+            await RELEASES.wait(released, wait)
             wait = min(wait * 2, _MAX_WAIT_S)
 
     # ---- principals ----------------------------------------------------------------------

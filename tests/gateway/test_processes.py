@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -382,7 +383,7 @@ def test_serve_with_workers_exits_nonzero_when_a_process_cannot_start(pg_url: st
     assert "stopped the others" in out.stderr
 
 
-def test_on_sqlite_a_slow_job_runs_on_the_worker_thread_and_turns_go_on(tmp_path: Path) -> None:
+def test_on_sqlite_a_slow_job_runs_in_the_job_process_and_turns_go_on(tmp_path: Path) -> None:
     users = asyncio.run(_seed(f"sqlite+aiosqlite:///{tmp_path / 'g.db'}", 1))
     token = "thread-token-0123456789abcdef"
     peer_port, port = free_port(), free_port()
@@ -429,3 +430,76 @@ def test_on_sqlite_a_slow_job_runs_on_the_worker_thread_and_turns_go_on(tmp_path
     log = (tmp_path / "serve.log").read_text()
     assert procs[1].returncode == 0, log
     assert "Traceback" not in log
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie nobody has reaped yet counts as exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def _job_pids(log: Path) -> list[int]:
+    return [int(m) for m in re.findall(r"job process started \(pid (\d+)\)", log.read_text())]
+
+
+def _jobs_done(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    found = re.search(r'^goclaw_jobs_total\{kind="extract",outcome="done"\} ([0-9.]+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_on_sqlite_the_job_process_is_restarted_and_never_outlives_serve(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
+    users = asyncio.run(_seed(url, 1))
+    token = "jobproc-token-0123456789abcdef"
+    port = free_port()
+    cfg = {
+        "database": {"url": url},
+        "server": {"port": port, "api_users": [{"token": token, "user": users[0]}]},
+        "session": {"max_messages": 4, "keep_messages": 2, "idle_extract_seconds": 0},
+        "logging": {"level": "INFO"},
+    }
+    (tmp_path / "config.yaml").write_text(json.dumps(cfg))
+    log = tmp_path / "serve.log"
+    serve = _spawn(["-m", "gateway", "serve", "--config", "config.yaml"], tmp_path, log)
+    procs = [serve]
+    first: list[int] = []
+    try:
+        wait_for(lambda: healthy(port), "goclaw serve", procs)
+        first = wait_for(lambda: _job_pids(log), "the job process to start", procs)
+
+        def converse(prefix: str) -> None:
+            for i in range(5):  # the fifth passes max_messages: a trim and its extraction job
+                status, body = _post(port, token, prefix, f"{prefix}-m{i} I live in Lisbon", f"{prefix}-m{i}")
+                assert status == 200, body
+
+        converse("a")
+        # The job ran in the job process, and the serving process's /metrics counted it.
+        wait_for(lambda: _jobs_done(port) >= 1, "the first extraction job, counted in /metrics", procs)
+        os.kill(first[0], signal.SIGKILL)
+        pids = wait_for(lambda: _job_pids(log)[1:], "serve to start another job process", procs)
+        assert pids[0] != first[0]
+        assert "exited with status -9" in log.read_text()
+        converse("b")
+
+        def all_done() -> list[Any] | None:
+            jobs = [j for j in asyncio.run(_rows(url))[1] if j.kind == "extract"]
+            return jobs if jobs and all(j.status == "done" for j in jobs) else None
+
+        jobs = wait_for(all_done, "every job, the later ones run by the new job process", procs)
+        wait_for(lambda: _jobs_done(port) >= len(jobs) - 1, "the new process's jobs counted in /metrics", procs)
+        serve.kill()  # no clean stop: the job process sees its socket close, and exits
+        serve.wait(timeout=30)
+        wait_for(lambda: _gone(pids[0]), "the job process to exit after serve died", [])
+    finally:
+        if serve.poll() is None:
+            serve.send_signal(signal.SIGTERM)
+            serve.wait(timeout=30)
+        for pid in _job_pids(log):
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert "Traceback" not in log.read_text(), log.read_text()

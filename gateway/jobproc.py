@@ -1,0 +1,260 @@
+"""The job process: ``goclaw serve``'s durable jobs (extraction, belief revision's judge) in a child process.
+
+With ``worker.mode: inline``, ``goclaw serve`` runs its background work itself.
+The scheduler-type work (idle sweep, consolidation, SOP schedules, whose runs
+deliver through this process's channels) stays on the worker thread
+(``gateway/background.py``); the jobs run here, in a process of their own. A
+job is CPU work in Python (an extraction job writing its summary is about 5 ms);
+on a thread of the serving process it held the GIL the turns' loop needed after
+each inline SQLite call, and a turn that met a job waited for it: on SQLite
+95 of 1,500 turns waited 1-67 ms. In its own process it shares nothing with the
+turns but the database.
+
+The parent and the child share one socket pair:
+
+- parent to child: any byte is a wake (a trim queued a job); end of file (the
+  parent stopped or died) stops the child, so it never outlives ``serve``;
+- child to parent: ``r`` lines (a write transaction of the child's ended: a
+  turn waiting for SQLite's write lock tries again, as for the worker thread's,
+  see :class:`gateway.hotstore.sqlite.WriteLockReleases`) and ``j KIND OUTCOME``
+  lines (a job's outcome, counted in the serving process's ``/metrics``).
+
+A wake lost while the child starts or restarts costs nothing: the job worker
+also polls (every second) and drains what is due when it starts. If the child
+exits on its own, the parent logs why and starts another (after 1 s, doubling
+to 30 s while it keeps failing); a job it was running is taken over after its
+lease, as any dead worker's.
+
+The child is ``python -m gateway.jobproc --fd N [--config PATH]``: it loads the
+same config file as its parent, in the same directory and environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+
+from gateway.config import Config
+
+log = logging.getLogger("goclaw.jobs")
+
+FIRST_RESTART_S = 1.0
+MAX_RESTART_S = 30.0
+STOP_WAIT_S = 30.0
+
+
+class JobProcess:
+    """The serving process's side: start the child, wake it, count its jobs, restart it, stop it.
+
+    Args:
+        config_path: The config file the serving process loaded (None: the default lookup).
+        on_job: Called with (kind, outcome) for each job the child finished or failed.
+    """
+
+    def __init__(self, config_path: str | None, *, on_job: Callable[[str, str], None] | None = None) -> None:
+        self.config_path = config_path
+        self.on_job = on_job
+        self.pid: int | None = None
+        self._sock: socket.socket | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._pending = b""
+        self._spawned_at = 0.0
+
+    async def start(self) -> None:
+        """Start the child (its start-up, about half a second, is not waited for)."""
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self._spawn()
+        except OSError as exc:  # _watch tries again; the gateway serves meanwhile (jobs wait in the table)
+            log.error("cannot start the job process: %s; trying again in %.0f s", exc, FIRST_RESTART_S)
+        self._task = asyncio.create_task(self._watch(), name="goclaw-job-process")
+
+    def wake(self) -> None:
+        """Look for jobs now (from any thread: the turns' loop, the worker thread's)."""
+        sock = self._sock
+        if sock is None:
+            return
+        with contextlib.suppress(OSError):  # full (a wake is pending already) or closed (restarting, stopping)
+            sock.send(b"w")
+
+    async def stop(self) -> None:
+        """Stop the child: end of file first (it finishes cleanly), then SIGTERM, then SIGKILL."""
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        proc = self._proc
+        self._close_socket()
+        if proc is None or proc.returncode is not None:
+            return
+        try:
+            await asyncio.wait_for(proc.wait(), STOP_WAIT_S / 2)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), STOP_WAIT_S / 2)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+
+    async def _spawn(self) -> None:
+        parent, child = socket.socketpair()
+        parent.setblocking(False)
+        cmd = [sys.executable, "-m", "gateway.jobproc", "--fd", str(child.fileno())]
+        if self.config_path:
+            cmd += ["--config", self.config_path]
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *cmd, pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL
+            )
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        self.pid, self._spawned_at = self._proc.pid, time.monotonic()
+        self._sock, self._pending = parent, b""
+        assert self._loop is not None
+        self._loop.add_reader(parent, self._readable)
+        log.info("job process started (pid %s): extraction and revision jobs run there", self.pid)
+
+    def _close_socket(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(sock)
+            sock.close()
+
+    def _readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # the child closed its end (it is exiting): _watch sees it go
+            self._close_socket()
+            return
+        *lines, self._pending = (self._pending + data).split(b"\n")
+        for line in lines:
+            if line == b"r":
+                from gateway.hotstore.sqlite import RELEASES
+
+                RELEASES.released()
+            elif line.startswith(b"j ") and self.on_job is not None:
+                parts = line.decode("utf-8", "replace").split()
+                if len(parts) == 3:
+                    self.on_job(parts[1], parts[2])
+
+    async def _watch(self) -> None:
+        delay = FIRST_RESTART_S
+        while True:
+            proc = self._proc
+            if proc is not None:
+                code = await proc.wait()
+                self._close_socket()
+                self._proc = None
+                if self._stopping:
+                    return
+                if time.monotonic() - self._spawned_at > 60:
+                    delay = FIRST_RESTART_S  # it had been running: a new failure, not the same one again
+                log.warning(
+                    "the job process (pid %s) exited with status %s; starting another in %.0f s "
+                    "(a job it was running is taken over when its lease ends)",
+                    proc.pid,
+                    code,
+                    delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_RESTART_S)
+            try:
+                await self._spawn()
+            except OSError as exc:
+                log.error("cannot start the job process: %s; trying again in %.0f s", exc, delay)
+
+
+async def run_job_process(cfg: Config, fd: int) -> None:
+    """The child: the job worker of a gateway on ``cfg`` until its parent's end of the socket closes."""
+    from gateway.app import Gateway
+    from gateway.heap import settle_heap
+    from gateway.hotstore.sqlite import RELEASES
+
+    sock = socket.socket(fileno=fd)
+    sock.setblocking(False)
+
+    def send(line: bytes) -> None:
+        with contextlib.suppress(OSError):  # the parent is gone (we stop at end of file) or its buffer is full
+            sock.send(line)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    # Its own loop answers no turn: on SQLite the driver's calls are made inline (gateway/sqlite_inline.py).
+    gw = Gateway(cfg, inline_driver=True)
+    await gw.start(channels=False, worker=False)
+    gw.worker.report = lambda kind, outcome: send(f"j {kind} {outcome}\n".encode())
+    RELEASES.on_release = lambda: send(b"r\n")
+
+    def readable() -> None:
+        try:
+            data = sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            gw.worker.wake()
+        else:
+            stop.set()  # the serving process stopped (or died): so do we
+
+    loop.add_reader(sock, readable)
+    try:
+        await gw.worker.start()
+        settle_heap()
+        await stop.wait()
+    finally:
+        loop.remove_reader(sock)
+        RELEASES.on_release = None
+        await gw.stop()
+        sock.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gateway.jobproc --fd N [--config PATH]`` (started by ``goclaw serve``, not by people)."""
+    from gateway.cli_base import load
+    from gateway.errors import GoclawError
+
+    ap = argparse.ArgumentParser(prog="python -m gateway.jobproc", description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--fd", type=int, required=True, help="the socket goclaw serve passed")
+    ap.add_argument("--config", default=None)
+    args = ap.parse_args(argv)
+    try:
+        cfg = load(args.config)
+    except GoclawError as exc:
+        print(f"goclaw job process: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(run_job_process(cfg, args.fd))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
