@@ -50,6 +50,24 @@ _CLAIM_JOB = (
     " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING " + sql.JOB_COLUMNS
 )
 _FINISH_JOB, _ARCHIVE_MESSAGES = numbered(sql.FINISH_JOB), numbered(sql.ARCHIVE_MESSAGES)
+# A turn's common case in one statement (it commits on its own): the session exists, and the message
+# is new. Anything else (a new session, a message stored before) goes through the transaction below.
+_FIND_AND_STORE = (
+    "WITH s AS (SELECT id, previous_context FROM sessions WHERE channel = $1 AND conversation_id = $2"
+    " AND thread_id = $3), m AS (INSERT INTO messages (session_id, platform_message_id, speaker_user_id,"
+    " stored_role, display_name, text, said_at, is_agent, created_at, reply_requested, answering_until)"
+    " SELECT s.id, $4::varchar, $5::varchar, $6::varchar, $7::varchar, $8::text, $9::timestamptz, FALSE,"
+    " $10::timestamptz, $11::boolean, $12::timestamptz FROM s"
+    " ON CONFLICT (session_id, is_agent, platform_message_id) DO NOTHING RETURNING id)"
+    " SELECT s.id, s.previous_context, (SELECT id FROM m) FROM s"
+)
+# A reply and its turn record in one statement: the record only if the reply was new.
+_STORE_WITH_RECORD = (
+    "WITH m AS (" + numbered(sql.STORE) + "), t AS (INSERT INTO turn_records (session_id, message_id,"
+    " reply_message_id, at, speaker_user_id, stored_role, memory, sections, model_calls)"
+    " SELECT $1::varchar, $11::varchar, $2::varchar, $12::timestamptz, $13::varchar, $14::varchar, $15::json,"
+    " $16::json, $17::json FROM m RETURNING id) SELECT m.id, (SELECT id FROM t) FROM m"
+)
 _MARK = "UPDATE messages SET archive_id = $1 WHERE id = ANY($2::integer[])"
 
 
@@ -127,10 +145,41 @@ class PostgresHotStore(HotStore):
         return (row[0], row[1], row[2]) if row else None
 
     async def begin_turn(self, m: TurnMessage) -> TurnRows:
-        """Find or create the session, store the message once, read the history: one transaction."""
+        """Find or create the session, store the message once, read the history.
+
+        The common case (the session exists, the message is new) is two round trips:
+        the session found and the message stored in one statement, which commits, then
+        the history, read after that commit as a later statement of one READ COMMITTED
+        transaction read it. Otherwise (a new session, a message stored before), one
+        transaction.
+        """
         pool = await self._get_pool()
         key = (m.channel, m.conversation_id, m.thread_id)
-        async with pool.acquire() as conn, conn.transaction():
+        until = None if m.answering_until is None else _aware(m.answering_until)
+        async with pool.acquire() as conn:
+            found = await conn.fetchrow(
+                _FIND_AND_STORE,
+                *key,
+                m.platform_message_id,
+                m.speaker_user_id,
+                m.stored_role,
+                m.display_name,
+                m.text,
+                _aware(m.said_at),
+                _aware(m.now),
+                m.reply_requested,
+                until,
+            )
+            if found is not None and found[2] is not None:
+                session_id, new_id = found[0], found[2]
+                rows = [MessageRow(*r) for r in await conn.fetch(_HISTORY, session_id, new_id, m.history_limit)]
+                return TurnRows(session_id, found[1], new_id, rows)
+            return await self._begin_turn(conn, m, key)
+
+    @staticmethod
+    async def _begin_turn(conn: Any, m: TurnMessage, key: tuple[str, str, str]) -> TurnRows:
+        """``begin_turn`` in one transaction: a new session, or a message stored before."""
+        async with conn.transaction():
             row = await conn.fetchrow(_FIND_SESSION, *key)
             if row is None:
                 now = _aware(m.now)
@@ -166,39 +215,35 @@ class PostgresHotStore(HotStore):
         return TurnRows(session_id, previous, new_id, rows, resumed=resumed)
 
     async def store_message(self, m: NewMessage) -> tuple[int, int | None] | None:
-        """Insert a message and its turn record in one transaction; None if it was stored before."""
+        """Insert a message and its turn record in one statement (one commit); None if it was stored before."""
         pool = await self._get_pool()
-        async with pool.acquire() as conn, conn.transaction():
-            new_id = await conn.fetchval(
-                _STORE,
-                m.session_id,
-                m.platform_message_id,
-                m.speaker_user_id,
-                m.stored_role,
-                m.display_name,
-                m.text,
-                _aware(m.said_at),
-                m.is_agent,
-                _aware(m.created_at),
-                m.reply_to,
-            )
-            if new_id is None:
-                return None
-            record_id = None
-            if (r := m.record) is not None:
-                record_id = await conn.fetchval(
-                    _TURN_RECORD,
-                    m.session_id,
-                    r.message_id,
-                    m.platform_message_id,
-                    m.said_at,
-                    r.speaker_user_id,
-                    r.stored_role,
-                    r.memory,
-                    r.sections,
-                    r.model_calls,
-                )
-        return new_id, record_id
+        stored = (
+            m.session_id,
+            m.platform_message_id,
+            m.speaker_user_id,
+            m.stored_role,
+            m.display_name,
+            m.text,
+            _aware(m.said_at),
+            m.is_agent,
+            _aware(m.created_at),
+            m.reply_to,
+        )
+        if (r := m.record) is None:
+            new_id = await pool.fetchval(_STORE, *stored)
+            return None if new_id is None else (new_id, None)
+        row = await pool.fetchrow(
+            _STORE_WITH_RECORD,
+            *stored,
+            r.message_id,
+            _aware(m.said_at),
+            r.speaker_user_id,
+            r.stored_role,
+            r.memory,
+            r.sections,
+            r.model_calls,
+        )
+        return None if row is None else (row[0], row[1])
 
     async def stored_reply(self, message_row_id: int) -> str | None:
         """The reply stored for a message row, if any."""
