@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -48,6 +49,8 @@ log = logging.getLogger("goclaw.jobs")
 FIRST_RESTART_S = 1.0
 MAX_RESTART_S = 30.0
 STOP_WAIT_S = 30.0
+JOB_NICE = 10
+"""The job process's niceness, added to its parent's: the scheduler gives the serving process the CPU first."""
 
 
 class JobProcess:
@@ -198,6 +201,10 @@ async def run_job_process(cfg: Config, fd: int) -> None:
 
     sock = socket.socket(fileno=fd)
     sock.setblocking(False)
+    with contextlib.suppress(OSError):
+        # Behind the turns for the CPU: on a busy machine the turns' loop (and what it waits on)
+        # runs first, and the jobs take the time left; they are background work by definition.
+        os.nice(JOB_NICE)
 
     def send(line: bytes) -> None:
         with contextlib.suppress(OSError):  # the parent is gone (we stop at end of file) or its buffer is full
