@@ -41,6 +41,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from gateway.config import Config
 
@@ -49,6 +50,8 @@ log = logging.getLogger("goclaw.jobs")
 FIRST_RESTART_S = 1.0
 MAX_RESTART_S = 30.0
 STOP_WAIT_S = 30.0
+CHECKPOINT_S = 1.0
+"""On SQLite, how often the job process copies the WAL into the database file (the turns never do)."""
 JOB_NICE = 10
 """The job process's niceness, added to its parent's: the scheduler gives the serving process the CPU first."""
 
@@ -233,15 +236,40 @@ async def run_job_process(cfg: Config, fd: int) -> None:
             stop.set()  # the serving process stopped (or died): so do we
 
     loop.add_reader(sock, readable)
+    checkpoints = (
+        asyncio.create_task(_checkpoint_every(gw, CHECKPOINT_S), name="goclaw-wal-checkpoint")
+        if gw.engine.dialect.name == "sqlite"
+        else None
+    )
     try:
         await gw.worker.start()
         settle_heap()
         await stop.wait()
     finally:
+        if checkpoints is not None:
+            checkpoints.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checkpoints
         loop.remove_reader(sock)
         RELEASES.on_release = None
         await gw.stop()
         sock.close()
+
+
+async def _checkpoint_every(gw: Any, seconds: float) -> None:
+    """Copy the WAL into the database file (``PASSIVE``: it waits for no reader or writer), every ``seconds``.
+
+    The serving process's turns never checkpoint (``checkpoint_elsewhere``): this does it for them.
+    """
+    from sqlalchemy import text
+
+    while True:
+        await asyncio.sleep(seconds)
+        try:
+            async with gw.engine.connect() as conn:
+                await conn.execute(text("PRAGMA wal_checkpoint(PASSIVE)"))
+        except Exception as exc:  # the next one tries again; SQLite's own checkpoint on close is the backstop
+            log.warning("WAL checkpoint failed: %s", exc)
 
 
 def main(argv: list[str] | None = None) -> int:

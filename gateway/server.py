@@ -76,6 +76,11 @@ async def serve_forever(cfg: Config, *, child: int | None = None, config_path: s
         loop.add_signal_handler(sig, stop.set)
     # policy (issue 9): admin access always needs a secret; without a configured one, one is kept in the data folder.
     cfg, source = with_dashboard_token(cfg)
+    job_process = child is None and cfg.worker.mode == "inline"
+    if job_process and cfg.database.url.startswith("sqlite"):
+        from gateway.hotstore.sqlite import checkpoint_elsewhere
+
+        checkpoint_elsewhere()  # the job process copies the WAL into the database file, not the turns' loop
     gw = Gateway(cfg)
     await gw.start(channels=False, worker=False)
     thread: WorkerThread | None = None
@@ -95,7 +100,7 @@ async def serve_forever(cfg: Config, *, child: int | None = None, config_path: s
             print_login(cfg, source.generated_file)
         else:
             log.info("dashboard: log in at http://%s:%s/ with server.dashboard_token", cfg.server.host, port)
-        if child is None and cfg.worker.mode == "inline":
+        if job_process:
             # The background work after the listener (/healthz answers meanwhile): the jobs in a
             # process of their own (gateway/jobproc.py), the scheduled work on a thread with its own
             # event loop; neither delays a turn.

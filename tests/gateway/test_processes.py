@@ -24,6 +24,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -445,6 +446,15 @@ def _job_pids(log: Path) -> list[int]:
     return [int(m) for m in re.findall(r"job process started \(pid (\d+)\)", log.read_text())]
 
 
+def _in_database_file(path: Path) -> int:
+    """Messages in the database file itself, the WAL not read (what a copy of the file alone holds)."""
+    conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    try:
+        return int(conn.execute("SELECT count(*) FROM messages").fetchone()[0])
+    finally:
+        conn.close()
+
+
 def _jobs_done(port: int) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
@@ -480,6 +490,8 @@ def test_on_sqlite_the_job_process_is_restarted_and_never_outlives_serve(tmp_pat
         converse("a")
         # The job ran in the job process, and the serving process's /metrics counted it.
         wait_for(lambda: _jobs_done(port) >= 1, "the first extraction job, counted in /metrics", procs)
+        # The turns never copy the WAL into the database file; the job process does, every second.
+        wait_for(lambda: _in_database_file(tmp_path / "g.db") >= 10, "the turns' messages in the database file", procs)
         os.kill(first[0], signal.SIGKILL)
         pids = wait_for(lambda: _job_pids(log)[1:], "serve to start another job process", procs)
         assert pids[0] != first[0]
