@@ -1,5 +1,7 @@
 """Startup: `goclaw serve` from exec to the first 200 on /healthz, and its idle RSS, median of --runs.
 
+The idle RSS is serve's and its job process's together (shared pages counted twice).
+
 Each run starts the gateway twice: on a new SQLite database (the first start,
 migrating) and again on it at head, as a restart does. Baseline in the same
 run, interleaved with it: a bare `python -c "import aiohttp.web"` process, the
@@ -37,10 +39,19 @@ def _free_port() -> int:
 
 
 def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    """Resident memory of a process and its descendants (``goclaw serve``'s job process), shared pages counted twice."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
 
 
 def _cpu_s(pid: int) -> float:
@@ -88,7 +99,7 @@ def _start_once(folder: Path, env: dict[str, str]) -> tuple[float, float, float]
                 time.sleep(0.005)
         elapsed = time.perf_counter() - started
         cpu = _cpu_s(proc.pid)
-        time.sleep(0.5)
+        time.sleep(1.5)  # idle: the job process (started after the listener) has started too
         return elapsed, cpu, _rss_mb(proc.pid)
     finally:
         proc.terminate()

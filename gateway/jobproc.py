@@ -274,7 +274,7 @@ async def _checkpoint_every(gw: Any, seconds: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m gateway.jobproc --fd N [--config PATH]`` (started by ``goclaw serve``, not by people)."""
-    from gateway.cli_base import load
+    from gateway.config import find_config_path, load_config
     from gateway.errors import GoclawError
 
     ap = argparse.ArgumentParser(prog="python -m gateway.jobproc", description=__doc__.split("\n", 1)[0])
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=None)
     args = ap.parse_args(argv)
     try:
-        cfg = load(args.config)
+        cfg = load_config(find_config_path(args.config))  # its warnings: serve printed them once
     except GoclawError as exc:
         print(f"goclaw job process: {exc}", file=sys.stderr)
         return 2
