@@ -25,7 +25,7 @@ from gateway.background import WorkerThread
 from gateway.config import Config
 from gateway.db import make_engine, upgrade
 from gateway.models import Job, Message, Session
-from gateway.sessions import SessionKey
+from gateway.sessions import SessionKey, SessionStore
 from gateway.sqlite_inline import InlineConnection, make_inline_engine
 from gateway.turn import TurnRequest
 from memory.gate import WriteAccess
@@ -157,3 +157,56 @@ async def test_the_worker_thread_runs_a_trims_extraction_job_on_the_inline_drive
     finally:
         await thread.stop()
         await gw.stop()
+
+
+async def test_a_turn_waiting_for_the_write_lock_goes_on_when_the_background_connection_commits(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gateway.hotstore.sqlite as hot
+
+    # Without the release signal the turn would sleep out a 30 s backoff before trying again.
+    monkeypatch.setattr(hot, "_FIRST_WAIT_S", 30.0)
+    monkeypatch.setattr(hot, "_MAX_WAIT_S", 30.0)
+    plain = make_engine(sqlite_url)
+    await upgrade(plain)
+    sessions = SessionStore(plain)
+    holding, release = threading.Event(), threading.Event()
+
+    def background() -> None:  # the worker thread's loop and inline engine, holding the write lock
+        async def hold() -> None:
+            inline = make_inline_engine(sqlite_url)
+            now = datetime.now(UTC)
+            try:
+                async with inline.begin() as conn:
+                    await conn.execute(
+                        insert(Session).values(
+                            id="s_bg", channel="api", conversation_id="bg", thread_id="", previous_context="",
+                            created_at=now, updated_at=now,
+                        )
+                    )  # fmt: skip
+                    holding.set()
+                    release.wait(30)
+            finally:
+                await inline.dispose()
+
+        asyncio.run(hold())
+
+    thread = threading.Thread(target=background)
+    thread.start()
+    try:
+        assert await asyncio.to_thread(holding.wait, 30)
+        turn = asyncio.create_task(
+            sessions.begin_turn(
+                SessionKey("api", "waiting"), platform_message_id="m1", speaker=ALICE, display_name="Alice",
+                text="hello", said_at=datetime.now(UTC), history_limit=10,
+            )
+        )  # fmt: skip
+        await asyncio.sleep(0.2)
+        assert not turn.done()  # it found the database busy and waits
+        release.set()
+        started = await asyncio.wait_for(turn, 15)  # well inside the 30 s backoff: woken by the commit
+        assert started.stored.text == "hello"
+    finally:
+        release.set()
+        await asyncio.to_thread(thread.join, 30)
+        await plain.dispose()
