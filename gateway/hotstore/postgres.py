@@ -50,16 +50,21 @@ _CLAIM_JOB = (
     " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING " + sql.JOB_COLUMNS
 )
 _FINISH_JOB, _ARCHIVE_MESSAGES = numbered(sql.FINISH_JOB), numbered(sql.ARCHIVE_MESSAGES)
-# A turn's common case in one statement (it commits on its own): the session exists, and the message
-# is new. Anything else (a new session, a message stored before) goes through the transaction below.
-_FIND_AND_STORE = (
+# A turn's common case in one statement (it commits on its own): the session exists and the message is
+# new. The new row comes back from the insert; the rest of the history is the session's untrimmed rows
+# in the statement's snapshot, all older than it. Anything else (a new session, a message stored before)
+# returns no row and goes through the transaction below.
+_MESSAGE_COLUMNS = sql.MESSAGE_SELECT.removeprefix("SELECT ").removesuffix(" FROM messages")
+_FIND_STORE_AND_READ = (
     "WITH s AS (SELECT id, previous_context FROM sessions WHERE channel = $1 AND conversation_id = $2"
     " AND thread_id = $3), m AS (INSERT INTO messages (session_id, platform_message_id, speaker_user_id,"
     " stored_role, display_name, text, said_at, is_agent, created_at, reply_requested, answering_until)"
     " SELECT s.id, $4::varchar, $5::varchar, $6::varchar, $7::varchar, $8::text, $9::timestamptz, FALSE,"
     " $10::timestamptz, $11::boolean, $12::timestamptz FROM s"
-    " ON CONFLICT (session_id, is_agent, platform_message_id) DO NOTHING RETURNING id)"
-    " SELECT s.id, s.previous_context, (SELECT id FROM m) FROM s"
+    " ON CONFLICT (session_id, is_agent, platform_message_id) DO NOTHING RETURNING " + _MESSAGE_COLUMNS + ")"
+    " SELECT s.previous_context, m.* FROM s, m"
+    " UNION ALL SELECT s.previous_context, h.* FROM s, LATERAL (SELECT " + _MESSAGE_COLUMNS + " FROM messages"
+    " WHERE session_id = s.id AND archive_id IS NULL ORDER BY id DESC LIMIT $13) h WHERE EXISTS (SELECT 1 FROM m)"
 )
 # A reply and its turn record in one statement: the record only if the reply was new.
 _STORE_WITH_RECORD = (
@@ -147,18 +152,17 @@ class PostgresHotStore(HotStore):
     async def begin_turn(self, m: TurnMessage) -> TurnRows:
         """Find or create the session, store the message once, read the history.
 
-        The common case (the session exists, the message is new) is two round trips:
-        the session found and the message stored in one statement, which commits, then
-        the history, read after that commit as a later statement of one READ COMMITTED
-        transaction read it. Otherwise (a new session, a message stored before), one
-        transaction.
+        The common case (the session exists, the message is new) is one statement, one
+        round trip and one commit: the session found, the message stored, and the history
+        read as it stood when the message was stored. Otherwise (a new session, a message
+        stored before), one transaction.
         """
         pool = await self._get_pool()
         key = (m.channel, m.conversation_id, m.thread_id)
         until = None if m.answering_until is None else _aware(m.answering_until)
         async with pool.acquire() as conn:
-            found = await conn.fetchrow(
-                _FIND_AND_STORE,
+            found = await conn.fetch(
+                _FIND_STORE_AND_READ,
                 *key,
                 m.platform_message_id,
                 m.speaker_user_id,
@@ -169,11 +173,12 @@ class PostgresHotStore(HotStore):
                 _aware(m.now),
                 m.reply_requested,
                 until,
+                max(m.history_limit - 1, 0),
             )
-            if found is not None and found[2] is not None:
-                session_id, new_id = found[0], found[2]
-                rows = [MessageRow(*r) for r in await conn.fetch(_HISTORY, session_id, new_id, m.history_limit)]
-                return TurnRows(session_id, found[1], new_id, rows)
+            if found:
+                # Newest first: the new row, then the older ones (each row: previous_context, then the columns).
+                rows = sorted((MessageRow(*r[1:]) for r in found), key=lambda r: r.id, reverse=True)
+                return TurnRows(rows[0].session_id, found[0][0], rows[0].id, rows[: m.history_limit])
             return await self._begin_turn(conn, m, key)
 
     @staticmethod
