@@ -15,7 +15,10 @@ driver's thread). With
 same load in the same run, interleaved, on its own database.
 
     .venv/bin/python bench/turn_overhead.py [--requests 1500] [--clients 1,8] [--runs 3]
-        [--postgres] [--baseline-source /work/main]
+        [--postgres] [--baseline-source /work/main] [--sessions-at-random]
+
+The 50 sessions are taken round-robin, so they advance in step and all trim within the
+same 50 turns; ``--sessions-at-random`` picks each request's session at random instead.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import secrets
 import socket
 import statistics
@@ -125,15 +129,22 @@ async def wait_up(url: str, timeout: float = 15) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
+SESSIONS_AT_RANDOM = False
+"""``--sessions-at-random``: each request picks one of the 50 sessions at random (seeded), so their trims
+do not all fall in the same 50 turns, as the default round-robin's do."""
+
+
 async def load(url: str, requests: int, concurrency: int, headers: dict[str, str]) -> tuple[float, list[float]]:
     """Send ``requests`` POSTs with ``concurrency`` in flight; return (turns/s, latencies ms)."""
     latencies: list[float] = []
     counter = iter(range(requests))
+    pick = random.Random(requests * 31 + concurrency)
     async with aiohttp.ClientSession(headers=headers) as http:
 
         async def worker(w: int) -> None:
             for i in counter:
-                body = {"session": f"bench-{(w * 7 + i) % 50}", "text": f"produce the daily report number {i}"}
+                session = pick.randrange(50) if SESSIONS_AT_RANDOM else (w * 7 + i) % 50
+                body = {"session": f"bench-{session}", "text": f"produce the daily report number {i}"}
                 t0 = time.perf_counter()
                 async with http.post(url, json=body) as r:
                     await r.read()
@@ -275,6 +286,11 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=1500)
     ap.add_argument("--clients", default="1,8", help="client counts to load with, comma-separated")
+    ap.add_argument(
+        "--sessions-at-random",
+        action="store_true",
+        help="each request picks its session at random (the default round-robin keeps all 50 sessions in step)",
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed-messages", type=int, default=10_000)
     ap.add_argument("--postgres", action="store_true", help="fresh PostgreSQL databases instead of SQLite files")
@@ -286,6 +302,8 @@ async def main() -> None:
         print(await seed(args.seed_into, args.seed_messages))
         return
     levels = [int(c) for c in args.clients.split(",")]
+    global SESSIONS_AT_RANDOM
+    SESSIONS_AT_RANDOM = args.sessions_at_random
 
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
