@@ -82,6 +82,22 @@ def _aware(value: datetime) -> datetime:
     return value
 
 
+def _message_values(m: TurnMessage) -> tuple[Any, ...]:
+    """The inbound message's values after its session id, in ``sql.NEW_MESSAGE``'s order."""
+    until = None if m.answering_until is None else _aware(m.answering_until)
+    return (
+        m.platform_message_id,
+        m.speaker_user_id,
+        m.stored_role,
+        m.display_name,
+        m.text,
+        _aware(m.said_at),
+        _aware(m.now),
+        m.reply_requested,
+        until,
+    )
+
+
 async def _init_connection(conn: Any) -> None:
     # JSON columns (sa.JSON) in and out as Python values, as SQLAlchemy's dialect does.
     await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
@@ -159,22 +175,8 @@ class PostgresHotStore(HotStore):
         """
         pool = await self._get_pool()
         key = (m.channel, m.conversation_id, m.thread_id)
-        until = None if m.answering_until is None else _aware(m.answering_until)
         async with pool.acquire() as conn:
-            found = await conn.fetch(
-                _FIND_STORE_AND_READ,
-                *key,
-                m.platform_message_id,
-                m.speaker_user_id,
-                m.stored_role,
-                m.display_name,
-                m.text,
-                _aware(m.said_at),
-                _aware(m.now),
-                m.reply_requested,
-                until,
-                max(m.history_limit - 1, 0),
-            )
+            found = await conn.fetch(_FIND_STORE_AND_READ, *key, *_message_values(m), max(m.history_limit - 1, 0))
             if found:
                 # Newest first: the new row, then the older ones (each row: previous_context, then the columns).
                 rows = sorted((MessageRow(*r[1:]) for r in found), key=lambda r: r.id, reverse=True)
@@ -191,19 +193,7 @@ class PostgresHotStore(HotStore):
                 await conn.execute(_NEW_SESSION, m.new_session_id, *key, m.parent_conversation_id, now, now)
                 row = await conn.fetchrow(_FIND_SESSION, *key)
             session_id, previous = row[0], row[1]
-            new_id = await conn.fetchval(
-                _NEW_MESSAGE,
-                session_id,
-                m.platform_message_id,
-                m.speaker_user_id,
-                m.stored_role,
-                m.display_name,
-                m.text,
-                _aware(m.said_at),
-                _aware(m.now),
-                m.reply_requested,
-                None if m.answering_until is None else _aware(m.answering_until),
-            )
+            new_id = await conn.fetchval(_NEW_MESSAGE, session_id, *_message_values(m))
             resumed = False
             if new_id is None:
                 old = await conn.fetchrow(_OLD_MESSAGE, session_id, m.platform_message_id)
