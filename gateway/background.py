@@ -187,9 +187,6 @@ class WorkerThread:
 
     def wake(self) -> None:
         """Look for jobs now (called from the turns' loop after a trim or a deferred revision)."""
-        if self.wake_jobs is not None:
-            self.wake_jobs()
-            return
         loop, gw = self._loop, self.gateway
         if loop is not None and gw is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (shutdown)

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.config import Config
+from gateway.hotstore.sqlite import RELEASES
 
 log = logging.getLogger("goclaw.jobs")
 
@@ -161,8 +162,6 @@ class JobProcess:
         *lines, self._pending = (self._pending + data).split(b"\n")
         for line in lines:
             if line == b"r":
-                from gateway.hotstore.sqlite import RELEASES
-
                 RELEASES.released()
             elif line.startswith(b"j ") and self.on_job is not None:
                 parts = line.decode("utf-8", "replace").split()
@@ -200,7 +199,6 @@ async def run_job_process(cfg: Config, fd: int) -> None:
     """The child: the job worker of a gateway on ``cfg`` until its parent's end of the socket closes."""
     from gateway.app import Gateway
     from gateway.heap import settle_heap
-    from gateway.hotstore.sqlite import RELEASES
 
     sock = socket.socket(fileno=fd)
     sock.setblocking(False)

@@ -129,16 +129,20 @@ class InlineConnection:
         return await InlineCursor(self._conn.cursor()).execute(sql, parameters)
 
     async def commit(self) -> None:
+        held = self._conn.in_transaction  # the pool's reset after a commit ends nothing: nobody to tell
         try:
             self._conn.commit()
         finally:
-            RELEASES.released()  # a turn waiting for the write lock tries again now
+            if held:
+                RELEASES.released()  # a turn waiting for the write lock tries again now
 
     async def rollback(self) -> None:
+        held = self._conn.in_transaction
         try:
             self._conn.rollback()
         finally:
-            RELEASES.released()
+            if held:
+                RELEASES.released()
 
     async def close(self) -> None:
         if self._connection is not None:
