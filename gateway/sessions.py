@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from gateway.db import dialect_insert
 from gateway.hotstore import hot_store
 from gateway.hotstore.base import MessageRow, NewMessage, TrimSession, TrimWrite, TurnMessage, TurnRecordRow
+from gateway.kept import Kept
 from gateway.models import Archive, Job, Message, Session
 from gateway.ordering import ANSWER_LEASE_S, Blocker, earlier_in_answer, in_answer_order, lease_until
 from memory.archive_format import render_archive_markdown
@@ -185,6 +186,7 @@ class SessionStore:
         self._clock = clock or (lambda: datetime.now(UTC))
         self._dialect = engine.dialect.name
         self._hot = hot_store(engine)
+        self._stored: Kept[MessageRow, StoredMessage] = Kept()  # history rows made once (gateway/kept.py)
         self.answer_lease_s = ANSWER_LEASE_S  # session.answer_lease_seconds (gateway/ordering.py)
 
     def now(self) -> datetime:
@@ -277,7 +279,10 @@ class SessionStore:
         if new_id is None:
             return TurnStart(session_id, None, [], previous, reply=start.reply)
         # ordering: each reply right after its message (with several processes a reply may come after a later message).
-        history = [StoredMessage(*r.stored()) for r in in_answer_order(start.rows)]
+        kept = self._stored
+        history = [
+            kept.get(r.id, r) or kept.put(r.id, r, StoredMessage(*r.stored())) for r in in_answer_order(start.rows)
+        ]
         # ordering: earlier messages still answered elsewhere, read from the rows above (no statement).
         waiting = earlier_in_answer(start.rows, new_id, self.now())
         if start.resumed:

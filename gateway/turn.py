@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from gateway.config import Config
 from gateway.explain import TurnExplanation, directive_explanation, explain_turn
+from gateway.kept import Kept
 from gateway.llm.base import ChatMessage, DeltaSink, LLMProvider, LLMUnavailable, Tool
 from gateway.llm.limit import ModelCallLimit
 from gateway.metrics import Metrics
@@ -163,6 +164,17 @@ class GatewayNotice(str):
     __slots__ = ()
 
 
+def _history_line(m: StoredMessage) -> tuple[ChatMessage, int]:
+    """A stored message as the model is shown it, and its tokens."""
+    if m.is_agent:
+        msg = ChatMessage("assistant", m.text)
+    else:
+        # A run's own lines are stored with its system name as the role and no user id.
+        who = m.speaker_user_id or (m.stored_role if m.stored_role in SYSTEM_NAMES else None) or "unpaired"
+        msg = ChatMessage("user", f"[{safe_name(m.display_name or who)} · {who}] {m.text}")
+    return msg, estimate_tokens(msg.content)
+
+
 class TurnHandler:
     """Handles messages of one session in order, different sessions concurrently."""
 
@@ -190,6 +202,8 @@ class TurnHandler:
         # model holds no slot while others store messages or run their tools.
         self.model_calls = ModelCallLimit(config.llm.max_concurrent_calls)
         self._trims: set[asyncio.Task[None]] = set()
+        # Each history line the model is shown, with its tokens, made once per stored message (gateway/kept.py).
+        self._lines: Kept[StoredMessage, tuple[ChatMessage, int]] = Kept()
         self.budgets = PromptBudgets(memory=config.memory.prompt_token_budget)
         # Across processes, a session's earlier message still being answered elsewhere goes first.
         sessions.answer_lease_s = config.session.answer_lease_seconds  # begin_turn's insert takes the lease
@@ -335,7 +349,8 @@ class TurnHandler:
             budgets=self.budgets,
             learning=learning_line(self.config.session.idle_extract_seconds, self.config.session.max_messages),
         )
-        messages = [ChatMessage("system", system), *self._history_messages(history, stored)]
+        lines, history_tokens = self._history_messages(history, stored)
+        messages = [ChatMessage("system", system), *lines]
         tools = self.memory.tools(
             req.principal,
             session_id=session_id,
@@ -367,6 +382,7 @@ class TurnHandler:
             return TurnResult(session_id, UNAVAILABLE_REPLY, failed=True)
         explanation = explain_turn(
             messages=messages,
+            history_tokens=history_tokens,
             used_ids=mem.used_ids,
             why=mem.why,
             provider=self.provider.name,
@@ -396,19 +412,15 @@ class TurnHandler:
         text = result.text.strip()
         return text or "(the model gave no answer)", result
 
-    def _history_messages(self, history: list[StoredMessage], current: StoredMessage) -> list[ChatMessage]:
-        """Newest history that fits the budget; people's lines carry their stored identity."""
+    def _history_messages(self, history: list[StoredMessage], current: StoredMessage) -> tuple[list[ChatMessage], int]:
+        """Newest history that fits the budget, and its tokens; people's lines carry their stored identity."""
         budget = self.config.session.history_token_budget
+        lines = self._lines
         out: list[ChatMessage] = []
         used = 0
         for m in reversed(history):
-            if m.is_agent:
-                msg = ChatMessage("assistant", m.text)
-            else:
-                # A run's own lines are stored with its system name as the role and no user id.
-                who = m.speaker_user_id or (m.stored_role if m.stored_role in SYSTEM_NAMES else None) or "unpaired"
-                msg = ChatMessage("user", f"[{safe_name(m.display_name or who)} · {who}] {m.text}")
-            cost = estimate_tokens(msg.content)
+            line = lines.get(m.id, m) or lines.put(m.id, m, _history_line(m))
+            msg, cost = line
             if used + cost > budget and out:
                 break
             used += cost
@@ -416,7 +428,8 @@ class TurnHandler:
         out.reverse()
         if not out or out[-1].content.find(current.text) < 0:
             out.append(ChatMessage("user", current.text))
-        return out
+            used += estimate_tokens(current.text)
+        return out, used
 
     async def _store_reply(
         self,

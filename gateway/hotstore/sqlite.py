@@ -43,6 +43,7 @@ from gateway.hotstore.base import (
     TurnRows,
     crash_point,
 )
+from gateway.kept import Kept
 
 T = TypeVar("T")
 
@@ -184,6 +185,8 @@ class SQLiteHotStore(HotStore):
         self._on_connect = on_connect
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
+        # A session's history is read again every turn: its rows decoded once (gateway/kept.py).
+        self._decoded: Kept[tuple[Any, ...], MessageRow] = Kept()
 
     def _connection(self) -> sqlite3.Connection:
         conn = self._conn
@@ -273,7 +276,7 @@ class SQLiteHotStore(HotStore):
 
     async def begin_turn(self, m: TurnMessage) -> TurnRows:
         """Find or create the session, store the message once, read the history: one transaction."""
-        return await self._run(lambda conn: _begin_turn(conn, m), write=True)
+        return await self._run(lambda conn: _begin_turn(conn, m, self._decoded), write=True)
 
     async def store_message(self, m: NewMessage) -> tuple[int, int | None] | None:
         """Insert a message and its turn record in one transaction; None if it was stored before."""
@@ -290,7 +293,7 @@ class SQLiteHotStore(HotStore):
 
     async def trim(self, session_id: str, plan: TrimPlan) -> int | None:
         """One trim in one ``BEGIN IMMEDIATE`` transaction."""
-        return await self._run(lambda conn: _trim(conn, session_id, plan), write=True)
+        return await self._run(lambda conn: _trim(conn, session_id, plan, self._decoded), write=True)
 
     # ---- the job queue ---------------------------------------------------------------------
 
@@ -352,7 +355,16 @@ class SQLiteHotStore(HotStore):
         return await self._run(body, write=False)
 
 
-def _begin_turn(conn: sqlite3.Connection, m: TurnMessage) -> TurnRows:
+def _decode(rows: list[tuple[Any, ...]], decoded: Kept[tuple[Any, ...], MessageRow]) -> list[MessageRow]:
+    """Rows as ``MessageRow``: one decoded before from the very same values is used again."""
+    out = []
+    for r in rows:
+        row = decoded.get(r[0], r)
+        out.append(row if row is not None else decoded.put(r[0], r, _message_row(r)))
+    return out
+
+
+def _begin_turn(conn: sqlite3.Connection, m: TurnMessage, decoded: Kept[tuple[Any, ...], MessageRow]) -> TurnRows:
     key = (m.channel, m.conversation_id, m.thread_id)
     row = conn.execute(sql.FIND_SESSION, key).fetchone()
     if row is None:
@@ -391,7 +403,7 @@ def _begin_turn(conn: sqlite3.Connection, m: TurnMessage) -> TurnRows:
     if resumed and (not rows or rows[0][0] != new_id):
         # Already trimmed into an archive: answer it with what is still live.
         rows.insert(0, conn.execute(sql.MESSAGE_BY_ID, (new_id,)).fetchone())
-    return TurnRows(session_id, previous, new_id, [_message_row(r) for r in rows], resumed=resumed)
+    return TurnRows(session_id, previous, new_id, _decode(rows, decoded), resumed=resumed)
 
 
 def _store_message(conn: sqlite3.Connection, m: NewMessage) -> tuple[int, int | None] | None:
@@ -431,12 +443,14 @@ def _store_message(conn: sqlite3.Connection, m: NewMessage) -> tuple[int, int | 
     return found[0], record_id
 
 
-def _trim(conn: sqlite3.Connection, session_id: str, plan: TrimPlan) -> int | None:
+def _trim(
+    conn: sqlite3.Connection, session_id: str, plan: TrimPlan, decoded: Kept[tuple[Any, ...], MessageRow]
+) -> int | None:
     row = conn.execute(sql.TRIM_SESSION, (session_id,)).fetchone()
     if row is None:
         return None
     live = conn.execute(sql.LIVE, (session_id,))
-    w = plan(TrimSession(*row), [_message_row(r) for r in live.fetchall()])
+    w = plan(TrimSession(*row), _decode(live.fetchall(), decoded))
     if w is None:
         return None
     marks = ",".join("?" * len(w.message_ids))

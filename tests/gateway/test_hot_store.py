@@ -15,7 +15,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from sqlalchemy import event, func, select
+from sqlalchemy import event, func, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -127,6 +127,31 @@ async def test_history_is_oldest_first_and_limited_to_the_newest(engine: AsyncEn
     assert [m.text for m in start.history] == ["text 2", "text 3", "text 4", "text 5"]
     assert start.stored.text == "text 5"
     assert [m.said_at for m in start.history] == sorted(m.said_at for m in start.history)
+
+
+async def test_history_read_again_is_the_rows_as_they_are_now_not_as_first_read(
+    engine: AsyncEngine, clock: Clock
+) -> None:
+    # Rows read every turn are made into objects once (gateway/kept.py); a row another connection
+    # changed since must come back changed: the lease that orders answers, and any other field.
+    store = SessionStore(engine, clock=clock)
+    first = await begin(store, "m1", "first words")
+    await reply(store, first.session_id, "m1", first.stored.id)
+    clock.advance(seconds=1)
+    assert (await begin(store, "m2", reply_requested=False)).waiting_on == ()
+    until = clock.now + timedelta(minutes=5)
+    async with engine.begin() as conn:  # another connection: SQLAlchemy's, not the hot store's
+        await conn.execute(update(Message).where(Message.id == first.stored.id).values(text="other words"))
+        await conn.execute(update(Message).where(Message.platform_message_id == "m2").values(answering_until=until))
+    clock.advance(seconds=1)
+    start = await begin(store, "m3")
+    assert [m.text for m in start.history][:2] == ["other words", "hi Alice"]
+    assert [b.until for b in start.waiting_on] == [until]  # m2's lease, written after it was first read
+    await reply(store, start.session_id, "m3", start.stored.id)
+    async with engine.begin() as conn:
+        await conn.execute(update(Message).where(Message.platform_message_id == "m2").values(answering_until=None))
+    clock.advance(seconds=1)
+    assert (await begin(store, "m4")).waiting_on == ()
 
 
 @pytest.mark.parametrize("reader", ["hot", "sqlalchemy"])
@@ -395,3 +420,44 @@ async def test_reading_a_trimmed_slice_on_sqlite_uses_the_session_index_not_a_sc
     with sqlite3.connect(tmp_path / "g.db") as conn:
         plan = " ".join(str(r) for r in conn.execute("EXPLAIN QUERY PLAN " + sql.ARCHIVE_MESSAGES, (archive_id,) * 2))
     assert "SCAN messages" not in plan and "ix_messages_session_live" in plan, plan
+
+
+@pytest.mark.parametrize("reply_requested", [True, False])
+async def test_on_postgres_a_turn_waits_for_the_disk_once_and_a_store_only_message_on_its_own_commit(
+    pg_url: str, reply_requested: bool
+) -> None:
+    # A message asked for an answer is committed without waiting for the disk: the reply's commit, which
+    # waits, carries it (WAL order). A message stored without an answer must wait on its own commit.
+    # Run here inside an outer transaction so the setting the statement leaves can be read before commit.
+    from gateway.hotstore.base import TurnMessage
+    from gateway.hotstore.postgres import _FIND_STORE_AND_READ, _message_values
+
+    engine = make_engine(pg_url)
+    try:
+        await upgrade(engine)
+        store = SessionStore(engine)
+        first = await begin(store, "m1")  # the session exists: the next message takes the one-statement path
+        conn = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            default = await conn.fetchval("SELECT current_setting('synchronous_commit')")
+            now = store.now()
+            m = TurnMessage(
+                channel=KEY.channel, conversation_id=KEY.conversation_id, thread_id="", parent_conversation_id=None,
+                new_session_id="s_unused", platform_message_id="m2", speaker_user_id="u_alice", stored_role="user",
+                display_name="Alice", text="again", said_at=now, now=now, history_limit=10,
+                reply_requested=reply_requested,
+            )  # fmt: skip
+            async with conn.transaction():
+                rows = await conn.fetch(_FIND_STORE_AND_READ, "web", "conv-1", "", *_message_values(m), 9)
+                assert [r["platform_message_id"] for r in rows][:1] == ["m2"] and rows[0][
+                    "session_id"
+                ] == first.session_id
+                setting = await conn.fetchval("SELECT current_setting('synchronous_commit')")
+            assert setting == ("off" if reply_requested else default)
+            assert (
+                await conn.fetchval("SELECT current_setting('synchronous_commit')") == default
+            )  # that transaction's only
+        finally:
+            await conn.close()
+    finally:
+        await engine.dispose()

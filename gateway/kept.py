@@ -1,0 +1,64 @@
+"""What a turn makes again from the same stored rows, kept by row id and used only for the very same row.
+
+Every turn reads its session's history again (up to ``session.max_messages``
+rows) and makes the same objects from it: the decoded row, the
+``StoredMessage``, the history line the model is shown and its token
+estimate. A stored message never changes after its insert except for what the
+ordering lease and a trim write, so most of that work repeats the previous
+turn's. ``Kept`` holds the result by row id **with the source it was made
+from**; a caller takes it only when the source it has now is that same source
+(the same object, or equal values), so a changed row, another database's row
+with the same id, or a row written by another process is made afresh and never
+mistaken for an old one. Correct without invalidation, across processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from typing import Generic, TypeVar
+
+S = TypeVar("S")
+V = TypeVar("V")
+
+KEPT_ROWS = 4096
+"""About 100 sessions' worth of history (40 rows each): the sessions answered lately."""
+
+
+class Kept(Generic[S, V]):
+    """A bounded map of row id -> (source, value made from it); the least recently used goes first.
+
+    Meant for one thread (the loop that owns the store); another thread's use at the same time
+    can only cost a value made again, never return a wrong one.
+    """
+
+    __slots__ = ("_items", "_size")
+
+    def __init__(self, size: int = KEPT_ROWS) -> None:
+        self._items: OrderedDict[int, tuple[S, V]] = OrderedDict()
+        self._size = size
+
+    def get(self, key: int, source: S) -> V | None:
+        """The value made from ``source`` under ``key``, or None if it was made from anything else."""
+        hit = self._items.get(key)
+        if hit is None:
+            return None
+        kept_source, value = hit
+        if kept_source is not source and kept_source != source:
+            return None
+        with contextlib.suppress(KeyError):  # another thread let it go meanwhile
+            self._items.move_to_end(key)
+        return value
+
+    def put(self, key: int, source: S, value: V) -> V:
+        """Keep ``value`` as made from ``source``; returns it."""
+        items = self._items
+        items[key] = (source, value)
+        with contextlib.suppress(KeyError):
+            items.move_to_end(key)
+            if len(items) > self._size:
+                items.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._items)
