@@ -6,7 +6,7 @@ import math
 import re
 
 _NON_WORD = re.compile(r"[\W_]+", re.UNICODE)
-_TERM = re.compile(r"[a-z0-9]+")
+_TERM = re.compile(r"[a-z0-9]{2,}")  # a one-letter run is never a term
 
 # Words too common to say what a record is about.
 STOPWORDS: frozenset[str] = frozenset(
@@ -41,14 +41,12 @@ def terms(text: str) -> list[str]:
     A trailing plural ``s`` is dropped (``reports`` -> ``report``) so a
     question finds the note that answers it.
     """
-    out: list[str] = []
-    for word in _TERM.findall(text.lower()):
-        if len(word) < 2 or word in STOPWORDS:
-            continue
-        if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
-            word = word[:-1]
-        out.append(word[:MAX_TERM_CHARS])
-    return out
+    # One comprehension: the prompt's query terms run this over the conversation on every turn.
+    return [
+        (word[:-1] if len(word) > 3 and word[-1] == "s" and word[-2] != "s" else word)[:MAX_TERM_CHARS]
+        for word in _TERM.findall(text.lower())
+        if word not in STOPWORDS
+    ]
 
 
 def identifiers(text: str) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memory.render import MAX_QUERY_TERMS, OPERATIONAL_HEADING, PERSONAL_HEADING, _query_terms, memory_sections
-from memory.words import estimate_tokens, terms
+from memory.words import MAX_TERM_CHARS, STOPWORDS, estimate_tokens, terms
 from memory.writer import MemoryWriter
 from tests.conftest import Clock
 from tests.memory.conftest import ALICE, BOB, CAROL, CRON, T0, UNPAIRED, WEBHOOK
@@ -127,3 +128,27 @@ def test_query_terms_are_the_newest_distinct_terms_of_the_conversation_tail(piec
         if len(seen) >= MAX_QUERY_TERMS:
             break
     assert _query_terms(text) == list(seen)
+
+
+def _terms_plainly(text: str) -> list[str]:
+    """``terms`` as its docstring says it, one word at a time."""
+    out = []
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        if len(word) < 2 or word in STOPWORDS:
+            continue
+        if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+            word = word[:-1]
+        out.append(word[:MAX_TERM_CHARS])
+    return out
+
+
+@given(
+    text=st.lists(st.sampled_from([*_WORDS, "as", "is", "bass", "sss", "I", "K", "\u212a", "x", "0", "s" * 80])).map(
+        " ".join
+    )
+    | st.text(alphabet="aAsSbk0 1_.-ÉßİK\u212a", max_size=40)
+    | st.text(max_size=40)
+)
+def test_terms_are_the_words_of_two_letters_or_more_without_stopwords_and_plural_s(text: str) -> None:
+    # The fast comprehension must give exactly the plain definition's terms, in order.
+    assert terms(text) == _terms_plainly(text)
