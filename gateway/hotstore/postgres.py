@@ -54,6 +54,16 @@ _FINISH_JOB, _ARCHIVE_MESSAGES = numbered(sql.FINISH_JOB), numbered(sql.ARCHIVE_
 # new. The new row comes back from the insert; the rest of the history is the session's untrimmed rows
 # in the statement's snapshot, all older than it. Anything else (a new session, a message stored before)
 # returns no row and goes through the transaction below.
+#
+# One wait for the disk a turn: a message asked for an answer is committed with synchronous_commit off for that
+# one transaction, so a turn waits for the disk once (its reply), not twice. Nothing is acknowledged on
+# the strength of that commit: the reply is sent only after its own commit, which waits for the disk and,
+# WAL being written in order, makes the earlier message durable with it; a failed turn's lease is cleared
+# by a commit that waits too; a memory write from a tool commits durably before the model sees its
+# result. The message is in PostgreSQL (visible to every process) as soon as the statement returns, so a
+# gateway that dies mid-turn loses nothing; only a crash of PostgreSQL itself, within its WAL writer's
+# delay (200 ms by default) and before any of those commits, could lose it, and then no reply was ever
+# sent for it. A message stored without asking for an answer waits for the disk on its own commit.
 _MESSAGE_COLUMNS = sql.MESSAGE_SELECT.removeprefix("SELECT ").removesuffix(" FROM messages")
 _FIND_STORE_AND_READ = (
     "WITH s AS (SELECT id, previous_context FROM sessions WHERE channel = $1 AND conversation_id = $2"
@@ -61,6 +71,9 @@ _FIND_STORE_AND_READ = (
     " stored_role, display_name, text, said_at, is_agent, created_at, reply_requested, answering_until)"
     " SELECT s.id, $4::varchar, $5::varchar, $6::varchar, $7::varchar, $8::text, $9::timestamptz, FALSE,"
     " $10::timestamptz, $11::boolean, $12::timestamptz FROM s"
+    # The commit waits for the disk only for a store-only message (one wait a turn, above); CASE
+    # evaluates set_config only when the message is asked for an answer.
+    " WHERE CASE WHEN $11::boolean THEN set_config('synchronous_commit', 'off', true) = 'off' ELSE TRUE END"
     " ON CONFLICT (session_id, is_agent, platform_message_id) DO NOTHING RETURNING " + _MESSAGE_COLUMNS + ")"
     " SELECT s.previous_context, m.* FROM s, m"
     " UNION ALL SELECT s.previous_context, h.* FROM s, LATERAL (SELECT " + _MESSAGE_COLUMNS + " FROM messages"
