@@ -130,7 +130,9 @@ def encode_time(value: datetime) -> str:
         raise ValueError("naive datetime given to the database; use datetime.now(UTC)")
     if value.tzinfo is not UTC:
         value = value.astimezone(UTC)
-    return value.replace(tzinfo=None).isoformat(" ", "microseconds")
+    # An aware UTC time's text ends in "+00:00": cut it, rather than make a naive copy first
+    # (``replace(tzinfo=None)`` parses keyword arguments: it was 2% of a turn, called ~9 times).
+    return value.isoformat(" ", "microseconds")[:-6]
 
 
 @lru_cache(maxsize=16_384)

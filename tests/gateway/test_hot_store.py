@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import event, func, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -23,6 +25,7 @@ import memory.store
 from gateway.db import make_engine, upgrade
 from gateway.explain import TurnExplanation
 from gateway.hotstore import hot_store
+from gateway.hotstore.sqlite import decode_time, encode_time
 from gateway.models import Heartbeat, Job, Message, TurnRecord
 from gateway.sessions import SessionKey, SessionStore
 from gateway.write_health import storage_reason
@@ -461,3 +464,15 @@ async def test_on_postgres_a_turn_waits_for_the_disk_once_and_a_store_only_messa
             await conn.close()
     finally:
         await engine.dispose()
+
+
+@given(
+    at=st.datetimes(timezones=st.just(UTC) | st.timezones(), allow_imaginary=False).filter(
+        lambda d: datetime(1, 1, 2) <= d.replace(tzinfo=None) <= datetime(9999, 12, 30)
+    )
+)
+def test_sqlite_stores_a_time_as_sqlalchemy_does_naive_utc_text_and_reads_it_back(at: datetime) -> None:
+    # The hot store writes the same text SQLAlchemy's UTCDateTime does, which both then read back.
+    text = encode_time(at)
+    assert text == at.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+    assert decode_time(text) == at.astimezone(UTC)
