@@ -17,7 +17,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from sqlalchemy.engine import make_url
 
 from channels.teams_urls import DEFAULT_ALLOWED_SERVICE_URLS, invalid_entries
@@ -397,11 +406,22 @@ class Config(_Model):
 
     # Set by the loader, not by YAML.
     warnings_: tuple[str, ...] = Field(default=(), exclude=True, alias="__warnings__")
+    _source: tuple[str, str] | None = PrivateAttr(default=None)  # (the file's text, its path) as loaded
 
     @property
     def warnings(self) -> tuple[str, ...]:
         """Non-fatal notices (retired settings)."""
         return self.warnings_
+
+    @property
+    def source(self) -> tuple[str, str] | None:
+        """The text this config was loaded from and the file's path; None if not loaded from a file.
+
+        ``goclaw serve`` hands this text to its job process (``gateway/jobproc.py``), so a
+        job process started again later runs with the config serve runs with, not with
+        whatever the file holds by then.
+        """
+        return self._source
 
 
 def _loopback(host: str) -> bool:
@@ -550,7 +570,6 @@ def load_config(path: str | Path, env: dict[str, str] | None = None) -> Config:
         ConfigError: listing every problem, each with its dotted key and line.
     """
     p = Path(path)
-    env = dict(os.environ) if env is None else env
     if not p.exists():
         raise ConfigError(
             [f"config file {p} not found: pass --config PATH, set GOCLAW_CONFIG, or copy config.example.yaml"]
@@ -559,6 +578,19 @@ def load_config(path: str | Path, env: dict[str, str] | None = None) -> Config:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"cannot read {p}: {exc.strerror}"]) from None
+    return load_config_text(text, p, env)
+
+
+def load_config_text(text: str, path: str | Path, env: dict[str, str] | None = None) -> Config:
+    """Substitute and validate a config's ``text`` as read from the file at ``path``.
+
+    ``path`` names the file in messages, and its folder anchors a relative SQLite path.
+
+    Raises:
+        ConfigError: listing every problem, each with its dotted key and line.
+    """
+    p = Path(path)
+    env = dict(os.environ) if env is None else env
     try:
         node = yaml.compose(text)
         raw = yaml.safe_load(text)
@@ -607,7 +639,9 @@ def load_config(path: str | Path, env: dict[str, str] | None = None) -> Config:
                 msg = err["msg"].removeprefix("Value error, ")
                 problems.append(f"{where(loc)}: {msg}")
         raise ConfigError(problems, str(p)) from None
-    return anchor_database(cfg, p.resolve().parent)
+    cfg = anchor_database(cfg, p.resolve().parent)
+    cfg._source = (text, str(p))
+    return cfg
 
 
 def anchor_database(cfg: Config, folder: Path) -> Config:

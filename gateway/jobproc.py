@@ -25,8 +25,10 @@ exits on its own, the parent logs why and starts another (after 1 s, doubling
 to 30 s while it keeps failing); a job it was running is taken over after its
 lease, as any dead worker's.
 
-The child is ``python -m gateway.jobproc --fd N [--config PATH]``: it loads the
-same config file as its parent, in the same directory and environment.
+The child is ``python -m gateway.jobproc --fd N --config PATH --config-on-stdin``:
+it reads the config's text, as its parent loaded it at start, from its stdin (a
+child started again later does not read the file, which may have been edited
+since), in the same directory and environment.
 """
 
 from __future__ import annotations
@@ -63,10 +65,20 @@ class JobProcess:
     Args:
         config_path: The config file the serving process loaded (None: the default lookup).
         on_job: Called with (kind, outcome) for each job the child finished or failed.
+        config_source: The config's text as the serving process loaded it, and its path
+            (``Config.source``): every child started, the first or one started again hours
+            later, gets this text on its stdin, never the file as it is by then.
     """
 
-    def __init__(self, config_path: str | None, *, on_job: Callable[[str, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        config_path: str | None,
+        *,
+        on_job: Callable[[str, str], None] | None = None,
+        config_source: tuple[str, str] | None = None,
+    ) -> None:
         self.config_path = config_path
+        self.config_source = config_source
         self.on_job = on_job
         self.pid: int | None = None
         self._sock: socket.socket | None = None
@@ -122,12 +134,24 @@ class JobProcess:
         parent, child = socket.socketpair()
         parent.setblocking(False)
         cmd = [sys.executable, "-m", "gateway.jobproc", "--fd", str(child.fileno())]
-        if self.config_path:
+        if self.config_source is not None:
+            cmd += ["--config", self.config_source[1], "--config-on-stdin"]
+        elif self.config_path:
             cmd += ["--config", self.config_path]
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *cmd, pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL
+                *cmd,
+                pass_fds=(child.fileno(),),
+                stdin=asyncio.subprocess.PIPE if self.config_source is not None else asyncio.subprocess.DEVNULL,
             )
+            if self.config_source is not None:
+                # The text serve loaded, not the file as it is now: an edit since serve started takes
+                # effect at serve's next start, for the turns and the jobs alike.
+                assert self._proc.stdin is not None
+                self._proc.stdin.write(self.config_source[0].encode("utf-8"))
+                with contextlib.suppress(ConnectionError):  # it died at once: _watch reports and restarts it
+                    await self._proc.stdin.drain()
+                self._proc.stdin.close()
         except BaseException:
             parent.close()
             raise
@@ -271,16 +295,21 @@ async def _checkpoint_every(gw: Any, seconds: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gateway.jobproc --fd N [--config PATH]`` (started by ``goclaw serve``, not by people)."""
-    from gateway.config import find_config_path, load_config
+    """``python -m gateway.jobproc --fd N [--config PATH [--config-on-stdin]]`` (started by ``goclaw serve``)."""
+    from gateway.config import find_config_path, load_config, load_config_text
     from gateway.errors import GoclawError
 
     ap = argparse.ArgumentParser(prog="python -m gateway.jobproc", description=__doc__.split("\n", 1)[0])
     ap.add_argument("--fd", type=int, required=True, help="the socket goclaw serve passed")
     ap.add_argument("--config", default=None)
+    ap.add_argument("--config-on-stdin", action="store_true", help="the config's text comes on stdin (from serve)")
     args = ap.parse_args(argv)
     try:
-        cfg = load_config(find_config_path(args.config))  # its warnings: serve printed them once
+        # Its warnings: serve printed them once.
+        if args.config_on_stdin:
+            cfg = load_config_text(sys.stdin.read(), find_config_path(args.config))
+        else:
+            cfg = load_config(find_config_path(args.config))
     except GoclawError as exc:
         print(f"goclaw job process: {exc}", file=sys.stderr)
         return 2

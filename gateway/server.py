@@ -104,7 +104,11 @@ async def serve_forever(cfg: Config, *, child: int | None = None, config_path: s
             # The background work after the listener (/healthz answers meanwhile): the jobs in a
             # process of their own (gateway/jobproc.py), the scheduled work on a thread with its own
             # event loop; neither delays a turn.
-            jobs = JobProcess(config_path, on_job=lambda kind, outcome: gw.metrics.jobs.labels(kind, outcome).inc())
+            jobs = JobProcess(
+                config_path,
+                on_job=lambda kind, outcome: gw.metrics.jobs.labels(kind, outcome).inc(),
+                config_source=cfg.source,
+            )
             await jobs.start()
             thread = WorkerThread(cfg, metrics=gw.metrics, wake_jobs=jobs.wake)
             await thread.start()

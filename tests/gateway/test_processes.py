@@ -462,7 +462,7 @@ def _jobs_done(port: int) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def test_on_sqlite_the_job_process_is_restarted_and_never_outlives_serve(tmp_path: Path) -> None:
+def test_on_sqlite_the_job_process_is_restarted_on_serve_s_config_and_never_outlives_serve(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
     users = asyncio.run(_seed(url, 1))
     token = "jobproc-token-0123456789abcdef"
@@ -492,6 +492,10 @@ def test_on_sqlite_the_job_process_is_restarted_and_never_outlives_serve(tmp_pat
         wait_for(lambda: _jobs_done(port) >= 1, "the first extraction job, counted in /metrics", procs)
         # The turns never copy the WAL into the database file; the job process does, every second.
         wait_for(lambda: _in_database_file(tmp_path / "g.db") >= 10, "the turns' messages in the database file", procs)
+        # The operator edits the file meanwhile (another database, here): serve runs on with the config it
+        # started with, and so must a job process it starts again, or its jobs would go to another database.
+        edited = {**cfg, "database": {"url": f"sqlite+aiosqlite:///{tmp_path / 'other.db'}"}}
+        (tmp_path / "config.yaml").write_text(json.dumps(edited))
         os.kill(first[0], signal.SIGKILL)
         pids = wait_for(lambda: _job_pids(log)[1:], "serve to start another job process", procs)
         assert pids[0] != first[0]
@@ -503,6 +507,7 @@ def test_on_sqlite_the_job_process_is_restarted_and_never_outlives_serve(tmp_pat
             return jobs if jobs and all(j.status == "done" for j in jobs) else None
 
         jobs = wait_for(all_done, "every job, the later ones run by the new job process", procs)
+        assert not (tmp_path / "other.db").exists()  # the new job process never read the edited file
         wait_for(lambda: _jobs_done(port) >= len(jobs) - 1, "the new process's jobs counted in /metrics", procs)
         serve.kill()  # no clean stop: the job process sees its socket close, and exits
         serve.wait(timeout=30)
