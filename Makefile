@@ -55,9 +55,13 @@ QUICK_learning_delay := --runs 3
 QUICK_dashboard_pages := --records 20000 --runs 10
 QUICK_stream_ttft := --runs 15
 QUICK_multi_process := --seconds 5 --runs 1
+QUICK_turn_instructions := --turns 100 --sessions 3
 BENCHES := $(sort $(wildcard bench/*.py))
 
+# bench/turn_instructions.py counts instructions with Debian's valgrind (callgrind).
 bench: $(DEV_STAMP)
+	command -v valgrind >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null) \
+		|| echo "warning: could not install valgrind; bench/turn_instructions.py will say so" >&2
 	$(foreach b,$(BENCHES),echo "== $(b)" && $(BIN)/python $(b) $(QUICK_$(basename $(notdir $(b)))) && ) true
 
 clean:
