@@ -12,11 +12,14 @@ Each tree's ``goclaw serve`` runs under ``valgrind --tool=callgrind`` on its
 own database, seeded as ``turn_overhead.py`` seeds it (10,000 messages); a few
 sessions are warmed past their first trim (``--sessions`` x 25 turns), then
 callgrind counts ``--turns`` more turns, trims included, in the serving
-process only (the job process runs outside valgrind). The count is the same
-from run to run for the same tree and inputs (the message texts and session
-names are fixed).
+process only (the job process runs outside valgrind), or with ``--with-jobs``
+the job process too, every job of the counted turns run to the end (a tree that
+ran its jobs inside serve, as main did before the job process, is counted whole
+either way). For the same tree and inputs (the message texts and session names
+are fixed) the count repeats within about 2% (hash seeds, and when the job
+process's writes land relative to the turns).
 
-    .venv/bin/python bench/turn_instructions.py [--turns 300] [--sessions 5] [--postgres]
+    .venv/bin/python bench/turn_instructions.py [--turns 300] [--sessions 5] [--postgres] [--with-jobs]
         [--baseline-source DIR]
 
 Needs Debian's ``valgrind`` (``apt-get install valgrind``).
@@ -26,10 +29,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import glob
 import os
+import re
 import secrets
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -63,8 +69,38 @@ def _totals(path: str) -> int:
     return total
 
 
-async def count(source: Path, db_url: str, tmp: Path, n: int, sessions: int) -> float:
-    """Instructions per turn of the tree at ``source``."""
+def _callgrind_pids_under(root: int) -> list[int]:
+    """``root`` and its descendants that run under callgrind (the job process, with ``--with-jobs``)."""
+    listed = subprocess.run(["callgrind_control"], capture_output=True, text=True).stdout
+    running = {int(m) for m in re.findall(r"^PID (\d+):", listed, flags=re.M)}
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if pid in running:
+            found.append(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+async def _jobs_left(db_url: str) -> int:
+    """Jobs not done yet (the trims' extraction jobs of the counted turns)."""
+    query = "SELECT count(*) FROM jobs WHERE status != 'done'"
+    if db_url.startswith("sqlite"):
+        with sqlite3.connect(db_url.split("///", 1)[1]) as conn:
+            return int(conn.execute(query).fetchone()[0])
+    import asyncpg
+
+    conn = await asyncpg.connect(db_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        return int(await conn.fetchval(query))
+    finally:
+        await conn.close()
+
+
+async def count(source: Path, db_url: str, tmp: Path, n: int, sessions: int, *, with_jobs: bool) -> float:
+    """Instructions per turn of the tree at ``source`` (with its job process's too: ``with_jobs``)."""
     g = T.Gateway("counted", source, db_url, tmp)
     await g.start(10_000)  # seeds the database and writes the config; then restarted under valgrind
     g.stop()
@@ -72,6 +108,7 @@ async def count(source: Path, db_url: str, tmp: Path, n: int, sessions: int) -> 
     env = {**os.environ, "NO_PROXY": "127.0.0.1", "PYTHONPATH": str(source)}
     cmd = [
         "valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p",
+        f"--trace-children={'yes' if with_jobs else 'no'}",
         sys.executable, "-m", "gateway", "serve", "--config", str(tmp / "config.yaml"),
     ]  # fmt: skip
     g.proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -79,16 +116,24 @@ async def count(source: Path, db_url: str, tmp: Path, n: int, sessions: int) -> 
         await T.wait_up(f"http://127.0.0.1:{g.port}/healthz", timeout=600)
         warm = sessions * 25  # every session past its first trim (at 20 turns): the steady state
         await turns(g.url, warm, sessions, 0)
-        pid = str(g.proc.pid)
-        subprocess.run(["callgrind_control", "--instr=on", pid], check=True, capture_output=True)
+        while with_jobs and await _jobs_left(db_url):
+            await asyncio.sleep(1)  # the warm-up's jobs are not the counted turns' work
+        pids = [str(p) for p in (_callgrind_pids_under(g.proc.pid) if with_jobs else [g.proc.pid])]
+        for pid in pids:
+            subprocess.run(["callgrind_control", "--instr=on", pid], check=True, capture_output=True)
         await turns(g.url, n, sessions, warm)
-        subprocess.run(["callgrind_control", "--dump", pid], check=True, capture_output=True)
+        while with_jobs and await _jobs_left(db_url):
+            await asyncio.sleep(1)  # the counted turns' jobs, run to the end
+        for pid in pids:
+            subprocess.run(["callgrind_control", "--dump", pid], check=True, capture_output=True)
     finally:
         g.stop()
-    dumps = glob.glob(f"{out}.{g.proc.pid}*")
-    counted = max((_totals(p) for p in dumps), default=0)
+    counted = 0
+    for pid in pids:
+        dumps = glob.glob(f"{out}.{pid}*")
+        counted += max((_totals(p) for p in dumps), default=0)
     if not counted:
-        raise RuntimeError(f"callgrind wrote no count for {source} ({dumps})")
+        raise RuntimeError(f"callgrind wrote no count for {source} ({pids})")
     return counted / n
 
 
@@ -98,6 +143,11 @@ async def main() -> None:
     ap.add_argument("--sessions", type=int, default=5)
     ap.add_argument("--postgres", action="store_true", help="fresh PostgreSQL databases instead of SQLite files")
     ap.add_argument("--pg-server", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument(
+        "--with-jobs",
+        action="store_true",
+        help="count the job process too (serve's child that runs extraction jobs; older trees ran them in serve)",
+    )
     ap.add_argument("--baseline-source", type=Path, default=None, help="also count a gateway from this tree")
     args = ap.parse_args()
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
@@ -114,13 +164,14 @@ async def main() -> None:
                 else f"sqlite+aiosqlite:///{tmp / 'bench.db'}"
             )
             try:
-                counted[name] = await count(source, db_url, tmp, args.turns, args.sessions)
+                counted[name] = await count(source, db_url, tmp, args.turns, args.sessions, with_jobs=args.with_jobs)
             finally:
                 if args.postgres:
                     await T.pg_database(args.pg_server, pg_name, drop=True)
         print(f"{name:8s} {counted[name] / 1e6:7.3f} M instructions a turn ({source})", flush=True)
     db = "PostgreSQL" if args.postgres else "SQLite"
-    print(f"\n{args.turns} steady-state turns over {args.sessions} sessions, {db}, serving process only")
+    what = "the serving process and its job process, jobs run to the end" if args.with_jobs else "serving process only"
+    print(f"\n{args.turns} steady-state turns over {args.sessions} sessions, {db}, {what}")
     if "baseline" in counted:
         print(f"  this/baseline: {counted['this'] / counted['baseline']:.3f}")
 
