@@ -203,8 +203,9 @@ async def pg_database(server: str, name: str, *, drop: bool = False) -> str:
 async def durable_commit_ms(server: str, commits: int = 200) -> float:
     """The median time of one durable commit (``synchronous_commit`` on) on this PostgreSQL server.
 
-    A turn makes two (its message before the model is asked, its reply before it is sent), so
-    this is the floor under a 1-client turn on PostgreSQL, whatever the gateway does.
+    A turn waits for one: its reply's commit, before the reply is sent (its message's commit,
+    before the model is asked, does not wait for the disk; the reply's carries it). A baseline
+    tree from before that change waits for two.
     """
     import asyncpg
 
@@ -377,8 +378,9 @@ async def main() -> None:
     if args.postgres:
         commit = await durable_commit_ms(args.pg_server)
         print(
-            f"  a durable commit on this server: {commit:.2f} ms (median of 200); a turn makes two, so one"
-            f" client gets at most {1000 / (2 * commit):.0f} turns/s with a gateway that costs nothing"
+            f"  a durable commit on this server: {commit:.2f} ms (median of 200); a turn waits for one (trees"
+            f" before 2026-12-01's third session: two), so one client gets at most {1000 / commit:.0f} turns/s"
+            f" ({1000 / (2 * commit):.0f} with two) with a gateway that costs nothing"
         )
     print("  targets: CPU <= 1.0 ms/turn, ratio >= 0.20 (SQLite), p99 < 10 ms (1 client), < 25 ms (8)")
 
