@@ -131,3 +131,16 @@ class TurnRecord(GatewayBase):
     memory: Mapped[list[Any]] = mapped_column(JSON)  # [{"id", "why"}] in prompt order
     sections: Mapped[dict[str, Any]] = mapped_column(JSON)  # prompt section -> tokens
     model_calls: Mapped[dict[str, Any]] = mapped_column(JSON)  # provider, model, steps, tools, tokens
+
+
+class OperatorLogout(GatewayBase):
+    """A dashboard session its operator logged out of: the cookie is refused by every process, restarted or not.
+
+    Kept until the cookie would have expired anyway (``expires_at``), then dropped.
+    """
+
+    __tablename__ = "operator_logouts"
+
+    nonce: Mapped[str] = mapped_column(String(64), primary_key=True)
+    logged_out_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())

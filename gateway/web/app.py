@@ -18,7 +18,7 @@ from gateway.metrics import Metrics
 from gateway.sessions import SessionKey, SessionStore
 from gateway.turn import TurnHandler, TurnRequest
 from gateway.web.api_error import ApiError
-from gateway.web.auth import SESSIONS, OperatorSessions, operator_nonce, origin_middleware
+from gateway.web.auth import SESSIONS, OperatorSessions, operator_nonce, operator_session, origin_middleware
 from gateway.web.tokens import metrics_refusal, tokens_match
 from gateway.web.validation import check_session_name, parse_chat, parse_frame, validate_chat
 from gateway.write_health import RETRY_AFTER_S, STORAGE_MESSAGE, WriteHealth, storage_reason
@@ -332,14 +332,14 @@ class _ChunkRelay:
 def build_web_app(ctx: WebContext) -> web.Application:
     """The aiohttp application with every route."""
     app = web.Application(
-        middlewares=[errors_middleware, origin_middleware(ctx.config.server.allowed_origins)],
+        middlewares=[errors_middleware, origin_middleware(ctx.config.server.allowed_origins), operator_session],
         client_max_size=ctx.config.server.max_message_chars * 4 + 65536,
     )
     if ctx.write_health is None:
         ctx.write_health = WriteHealth(ctx.sessions.engine)
     app[CTX] = ctx
     dash = ctx.config.server.dashboard_token
-    app[SESSIONS] = OperatorSessions(dash.get_secret_value() if dash is not None else None)
+    app[SESSIONS] = OperatorSessions(dash.get_secret_value() if dash is not None else None, engine=ctx.sessions.engine)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -9,8 +9,9 @@ URL without the token.
 
 The session cookie is stateless and signed with a key derived from the
 dashboard token, so every gateway process sharing the token accepts it and a
-new token logs everyone out. Logout drops the cookie and revokes its nonce in
-this process.
+new token logs everyone out. Logout drops the cookie and keeps its nonce in
+the database (``operator_logouts``, until the cookie would have expired), so
+every process refuses it from then on, restarted or not.
 
 Cross-site requests: every state-changing request and every WebSocket upgrade
 whose ``Origin`` is not the server's own (or listed in
@@ -31,11 +32,16 @@ import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from gateway.config import Config
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +139,15 @@ def login_url(host: str, port: int, token: str) -> str:
 class OperatorSessions:
     """Signs and checks the operator's session cookie and its CSRF token."""
 
-    def __init__(self, dashboard_token: str | None, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        dashboard_token: str | None,
+        *,
+        clock: Callable[[], float] = time.time,
+        engine: AsyncEngine | None = None,
+    ) -> None:
         self._token = dashboard_token
+        self._engine = engine  # where logouts are kept for every process (operator_logouts); None: this one only
         self._key = (
             hmac.new(dashboard_token.encode(), b"goclaw dashboard session v1", hashlib.sha256).digest()
             if dashboard_token
@@ -179,8 +192,44 @@ class OperatorSessions:
         return parts[2]
 
     def revoke(self, nonce: str) -> None:
-        """Log one session out (in this process; the cookie is dropped from the browser too)."""
+        """Log one session out in this process only (``log_out`` also keeps it in the database)."""
         self._revoked.add(nonce)
+
+    async def log_out(self, nonce: str) -> None:
+        """Log one session out for every process sharing the database, restarted or not.
+
+        The row is kept until the cookie would have expired anyway; older rows go here too.
+        """
+        self._revoked.add(nonce)
+        if self._engine is None:
+            return
+        from sqlalchemy import delete
+
+        from gateway.db import dialect_insert
+        from gateway.models import OperatorLogout
+
+        now = datetime.fromtimestamp(self._clock(), UTC)
+        row = {"nonce": nonce, "logged_out_at": now, "expires_at": now + timedelta(seconds=SESSION_SECONDS)}
+        insert = dialect_insert(self._engine.dialect.name, OperatorLogout).values(**row)
+        async with self._engine.begin() as conn:
+            await conn.execute(insert.on_conflict_do_nothing(index_elements=["nonce"]))
+            await conn.execute(delete(OperatorLogout).where(OperatorLogout.expires_at < now))
+
+    async def check_everywhere(self, value: str | None) -> str | None:
+        """``check``, and not logged out in any process (the database's logouts): the nonce, else None."""
+        nonce = self.check(value)
+        if nonce is None or self._engine is None:
+            return nonce
+        from sqlalchemy import select
+
+        from gateway.models import OperatorLogout
+
+        async with self._engine.connect() as conn:
+            found = await conn.scalar(select(OperatorLogout.nonce).where(OperatorLogout.nonce == nonce))
+        if found is not None:
+            self._revoked.add(nonce)  # from now on ``check`` refuses it in this process too
+            return None
+        return nonce
 
     def csrf_for(self, nonce: str) -> str:
         """The CSRF token of one session: every form and POST of the dashboard carries it."""
@@ -196,8 +245,27 @@ class OperatorSessions:
 SESSIONS = web.AppKey("goclaw_operator_sessions", OperatorSessions)
 
 
+@web.middleware
+async def operator_session(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Check a request's session cookie against every process's logouts, before any handler reads it.
+
+    One read of ``operator_logouts`` for a request that carries a valid cookie (API calls carry
+    none); a cookie logged out anywhere is then refused here too (``OperatorSessions.check``).
+    """
+    cookie = request.cookies.get(COOKIE)
+    if cookie:
+        await request.app[SESSIONS].check_everywhere(cookie)
+    return await handler(request)
+
+
 def operator_nonce(request: web.Request) -> str | None:
-    """The nonce of the request's operator session, or None when not logged in."""
+    """The nonce of the request's operator session, or None when not logged in.
+
+    Signature, age and logouts: the ``operator_session`` middleware has already looked up
+    this cookie in the database's logouts, so one made in another process counts here.
+    """
     return request.app[SESSIONS].check(request.cookies.get(COOKIE))
 
 

@@ -274,3 +274,50 @@ async def test_serve_generates_the_token_prints_the_login_url_and_ws_without_coo
     finally:
         proc.terminate()
         proc.communicate(timeout=20)
+
+
+async def test_a_logout_holds_in_every_process_sharing_the_database_and_after_a_restart(db_url: str) -> None:
+    # Two gateways on one database stand for two processes (`serve --workers 2`, or one restarted).
+    cfg = Config.model_validate({"database": {"url": db_url}, "server": {"dashboard_token": TOKEN}})
+    gateways: list[Gateway] = []
+    servers: list[TestServer] = []
+
+    async def start() -> str:
+        gw = Gateway(cfg)
+        await gw.start(channels=False, worker=False)
+        srv = TestServer(gw.web, host="127.0.0.1")
+        await srv.start_server()
+        gateways.append(gw)
+        servers.append(srv)
+        return str(srv.make_url("")).rstrip("/")
+
+    async def dashboard_status(base: str, cookie: str) -> int:
+        async with ClientSession() as plain:
+            r = await plain.get(
+                f"{base}/dashboard/", headers={"Cookie": f"goclaw_session={cookie}"}, allow_redirects=False
+            )
+            return r.status
+
+    try:
+        a, b = await start(), await start()
+        async with ClientSession(cookie_jar=CookieJar(unsafe=True)) as http:
+            await http.get(f"{a}/?token={TOKEN}")
+            cookie = http.cookie_jar.filter_cookies(URL(a))["goclaw_session"].value
+            page = await (await http.get(f"{a}/dashboard/people")).text()
+            m = re.search(r'name="csrf" value="([^"]+)"', page)
+            assert m, page[:300]
+            assert await dashboard_status(b, cookie) == 200  # the other process takes the session
+            r = await http.post(f"{a}/logout", data={"csrf": m.group(1)}, allow_redirects=False)
+            assert r.status == 303
+        assert await dashboard_status(a, cookie) == 303  # to the login page
+        assert await dashboard_status(b, cookie) == 303  # and in the other process, at once
+        for srv, gw in zip(servers, gateways, strict=True):
+            await srv.close()
+            await gw.stop()
+        servers.clear()
+        gateways.clear()
+        assert await dashboard_status(await start(), cookie) == 303  # and after a restart
+    finally:
+        for srv, gw in zip(servers, gateways, strict=True):
+            await srv.close()
+            await gw.stop()

@@ -58,7 +58,7 @@ async def logout(request: web.Request) -> web.StreamResponse:
     """POST ``/logout``: the session ends here and its cookie is dropped."""
     nonce = operator_nonce(request)
     if nonce is not None:
-        request.app[SESSIONS].revoke(nonce)
+        await request.app[SESSIONS].log_out(nonce)  # for every process, and after a restart
     resp = redirect("/", flash="You are logged out.")
     clear_session(resp)
     raise resp
