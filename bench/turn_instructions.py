@@ -16,7 +16,7 @@ process only (the job process runs outside valgrind), or with ``--with-jobs``
 the job process too, every job of the counted turns run to the end (a tree that
 ran its jobs inside serve, as main did before the job process, is counted whole
 either way). For the same tree and inputs (the message texts and session names
-are fixed) the count repeats within about 2% (hash seeds, and when the job
+are fixed) the count repeats within about 3% (hash seeds, and when the job
 process's writes land relative to the turns).
 
     .venv/bin/python bench/turn_instructions.py [--turns 300] [--sessions 5] [--postgres] [--with-jobs]
