@@ -39,7 +39,7 @@ def section_tokens(system_prompt: str) -> dict[str, int]:
 def explain_turn(
     *,
     messages: Sequence[ChatMessage],
-    history_tokens: int | None = None,
+    history_tokens: int,
     used_ids: Sequence[str],
     why: Sequence[str],
     provider: str,
@@ -51,12 +51,10 @@ def explain_turn(
 ) -> TurnExplanation:
     """The explanation of one answered turn from what the turn had in hand.
 
-    ``history_tokens``, when the caller counted them already, are the tokens of
-    ``messages[1:]`` (the same estimate); otherwise they are counted here.
+    ``history_tokens`` are the tokens of ``messages[1:]``, as the turn counted them
+    when it chose the history (``estimate_tokens``, the budgets' estimate).
     """
     sections = section_tokens(messages[0].content) if messages and messages[0].role == "system" else {}
-    if history_tokens is None:
-        history_tokens = sum(estimate_tokens(m.content) for m in messages[1:])
     sections["conversation history"] = history_tokens
     memory = [{"id": rid, "why": why[i] if i < len(why) else ""} for i, rid in enumerate(used_ids)]
     return TurnExplanation(

@@ -419,8 +419,7 @@ class TurnHandler:
         out: list[ChatMessage] = []
         used = 0
         for m in reversed(history):
-            line = lines.get(m.id, m) or lines.put(m.id, m, _history_line(m))
-            msg, cost = line
+            msg, cost = lines.get(m.id, m) or lines.put(m.id, m, _history_line(m))
             if used + cost > budget and out:
                 break
             used += cost

@@ -191,10 +191,6 @@ class OperatorSessions:
             return None
         return parts[2]
 
-    def revoke(self, nonce: str) -> None:
-        """Log one session out in this process only (``log_out`` also keeps it in the database)."""
-        self._revoked.add(nonce)
-
     async def log_out(self, nonce: str) -> None:
         """Log one session out for every process sharing the database, restarted or not.
 
