@@ -30,6 +30,7 @@ from gateway.models import Heartbeat, Job, Message, TurnRecord
 from gateway.sessions import SessionKey, SessionStore
 from gateway.write_health import storage_reason
 from memory.models import MemoryRecord, MemoryTerm
+from memory.render import MAX_QUERY_TERMS
 from memory.store import MemoryStore, _candidates_statement, _view, note_postings
 from memory.words import subject_key
 from pairing.principal import Principal, Role
@@ -264,6 +265,38 @@ async def test_candidates_are_what_the_sqlalchemy_statement_returns(engine: Asyn
                 assert bool(words) == bool(got.matched_notes) and bool(user_id) == bool(got.personal)
                 seen |= {v.id for v, _ in got.matched_notes} | {v.id for v in got.recent_notes + got.personal}
     assert len(gone) == 2 and not seen & set(gone)
+
+
+async def test_every_word_count_reads_what_the_sqlalchemy_statement_returns_compiled_once_per_shape(
+    engine: AsyncEngine, clock: Clock
+) -> None:
+    """Conversations of 1 to MAX_QUERY_TERMS words: the raw driver's answer is SQLAlchemy's, on one compile a shape.
+
+    A word count not seen before only expands the compiled statement's IN lists; it used
+    to compile the whole UNION again (3-6 ms), which a new conversation length paid on its turn.
+    """
+    rows, term_rows = _seed_rows(random.Random(5), clock.now)
+    async with engine.begin() as conn:
+        await conn.execute(MemoryRecord.__table__.insert(), rows)
+        await conn.execute(MemoryTerm.__table__.insert(), term_rows)
+    memory.store._candidates_compiled.cache_clear()
+    memory.store._candidates_sql.cache_clear()
+    raw = MemoryStore(engine, clock=clock, raw=hot_store(engine))
+    vocab = ["invoice", "server", "backup", "deploy", "payroll", "export", "audit", "ticket"]
+    vocab += [f"nomatch{i}" for i in range(MAX_QUERY_TERMS)]
+    for n in range(1, MAX_QUERY_TERMS + 1):
+        words = random.Random(n).sample(vocab, n)
+        for user_id in ("u_0", None):
+            want = await _reference_candidates(engine, user_id, words, clock.now)
+            got = await raw.prompt_candidates(
+                user_id=user_id, query_terms=words, now=clock.now, matched_limit=10, recent_limit=7, personal_limit=9
+            )
+            assert {v.id: round(s, 9) for v, s in got.matched_notes} == {v.id: round(s, 9) for v, s in want["match"]}, (
+                words
+            )
+            assert [v.id for v in got.recent_notes] == [v.id for v, _ in want["recent"]]
+    assert memory.store._candidates_compiled.cache_info().misses == 2  # (words, user) and (words, no user)
+    assert memory.store._candidates_sql.cache_info().misses == 2 * MAX_QUERY_TERMS
 
 
 async def test_candidates_read_in_several_fetches_and_beyond_the_kept_views(
