@@ -21,6 +21,7 @@ from sqlalchemy import event, func, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import gateway.sessions
 import memory.store
 from gateway.db import make_engine, upgrade
 from gateway.explain import TurnExplanation
@@ -41,10 +42,10 @@ ALICE = Principal.human("u_alice", Role.USER, "Alice")
 KEY = SessionKey("web", "conv-1")
 
 
-async def begin(store: SessionStore, mid: str, text: str = "hello", **kw: Any) -> Any:
+async def begin(store: SessionStore, mid: str, text: str = "hello", *, key: SessionKey = KEY, **kw: Any) -> Any:
     kw.setdefault("history_limit", 50)
     return await store.begin_turn(
-        KEY,
+        key,
         platform_message_id=mid,
         speaker=ALICE,
         display_name="Alice",
@@ -156,6 +157,50 @@ async def test_history_read_again_is_the_rows_as_they_are_now_not_as_first_read(
         await conn.execute(update(Message).where(Message.platform_message_id == "m2").values(answering_until=None))
     clock.advance(seconds=1)
     assert (await begin(store, "m4")).waiting_on == ()
+
+
+async def test_a_rotation_of_200_full_sessions_makes_each_history_row_once(
+    engine: AsyncEngine, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200 sessions answered in turn, 40 rows of history each: the second round makes only its new rows.
+
+    Rows read again every turn are made into objects once (gateway/kept.py). When the
+    rotation was larger than what was kept, each session's rows had been pushed out by
+    the others' before it came back, and every turn made all of them again.
+    """
+    store = SessionStore(engine, clock=clock)
+    sessions, history = 200, 40
+    first = [await begin(store, f"s{i}-0", key=SessionKey("web", f"rot-{i}")) for i in range(sessions)]
+    async with engine.begin() as conn:
+        await conn.execute(
+            Message.__table__.insert(),
+            [
+                {
+                    "session_id": start.session_id, "platform_message_id": f"s{i}-h{j}",
+                    "speaker_user_id": ALICE.user_id,
+                    "stored_role": "user", "display_name": "Alice", "text": f"history {j}",
+                    "said_at": clock.now - timedelta(minutes=history - j), "is_agent": False, "created_at": clock.now,
+                }
+                for i, start in enumerate(first)
+                for j in range(history - 2)
+            ],
+        )  # fmt: skip
+    made: list[int] = []
+    real = gateway.sessions.StoredMessage
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        made.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(gateway.sessions, "StoredMessage", counted)
+    for round_ in (1, 2):
+        clock.advance(seconds=1)
+        made.clear()
+        for i in range(sessions):
+            start = await begin(store, f"s{i}-{round_}", key=SessionKey("web", f"rot-{i}"), history_limit=history)
+            assert len(start.history) == history
+        if round_ == 2:
+            assert len(made) == sessions  # each session's new message, nothing read before
 
 
 @pytest.mark.parametrize("reader", ["hot", "sqlalchemy"])
