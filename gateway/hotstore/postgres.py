@@ -1,10 +1,12 @@
-"""The hot store on PostgreSQL: an asyncpg pool of its own, prepared statements, no pre-ping.
+"""The hot store on PostgreSQL: asyncpg connections in a pool of its own, prepared statements, no pre-ping.
 
 Each operation is one pool checkout and (for a write) one transaction; asyncpg
 prepares each statement once per connection (its statement cache), so a turn
-costs its statements' round trips and nothing else. A connection the server
-dropped raises on use, which the gateway answers 503 (``storage_reason``); the
-pool replaces it on the next checkout.
+costs its statements' round trips and nothing else. The pool
+(``gateway/hotstore/pgpool.py``) hands out an idle connection without
+suspending and takes it back without awaiting. A connection the server dropped
+raises on use, which the gateway answers 503 (``storage_reason``); the pool
+drops it and opens a new one on a later checkout.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from gateway.hotstore.base import (
     TurnRows,
     crash_point,
 )
+from gateway.hotstore.pgpool import ConnectionPool
 from gateway.hotstore.sql import numbered
 
 DEFAULT_POOL_SIZE = 10
@@ -116,25 +119,17 @@ async def _init_connection(conn: Any) -> None:
     await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-async def _reset_connection(conn: Any) -> None:
-    # asyncpg resets every connection returned to the pool (advisory locks, cursors, LISTEN, SET):
-    # a round trip per checkout. These statements leave no such state; only a transaction cut
-    # short (a cancelled task) needs undoing, and Connection.reset does that.
-    if conn.is_in_transaction():
-        await conn.reset()
-
-
 class PostgresHotStore(HotStore):
     """The hot path on an asyncpg pool (created on first use, closed by ``close``)."""
 
     def __init__(self, dsn: str, *, max_size: int = DEFAULT_POOL_SIZE) -> None:
         self.dsn = dsn
         self.max_size = max_size
-        self._pool: Any = None
+        self._pool: ConnectionPool | None = None
         self._pid = 0
         self._opening: asyncio.Lock | None = None
 
-    async def _get_pool(self) -> Any:
+    async def _get_pool(self) -> ConnectionPool:
         pool = self._pool
         if pool is not None and self._pid == os.getpid():
             return pool
@@ -142,11 +137,9 @@ class PostgresHotStore(HotStore):
             self._opening = asyncio.Lock()
         async with self._opening:
             if self._pool is None or self._pid != os.getpid():
-                import asyncpg
-
-                self._pool = await asyncpg.create_pool(
-                    self.dsn, min_size=1, max_size=self.max_size, init=_init_connection, reset=_reset_connection
-                )
+                # Nothing is reset between checkouts: these statements leave no session state (SET,
+                # LISTEN, cursors), and a connection that ended a checkout in any doubt is dropped.
+                self._pool = ConnectionPool(self.dsn, max_size=self.max_size, init=_init_connection)
                 self._pid = os.getpid()
             return self._pool
 
@@ -155,8 +148,8 @@ class PostgresHotStore(HotStore):
         pool, self._pool = self._pool, None
         if pool is not None and self._pid == os.getpid():
             try:
-                await asyncio.wait_for(pool.close(), timeout=10)
-            except (TimeoutError, asyncio.CancelledError):
+                await pool.close()
+            except asyncio.CancelledError:
                 pool.terminate()
                 raise
 
