@@ -6,7 +6,8 @@ messages first. For each client count (``--clients 1,8``) it prints turns/s,
 p50/p99 latency, the throughput ratio to the echo, and the gateway's **CPU per
 turn**: the server process's user+system time from ``/proc/PID/stat`` (all its
 threads, so aiosqlite's thread counts too, and its descendants: the job process
-that runs extraction jobs) over the load, divided by the turns. The client's own
+that runs extraction jobs) from an idle gateway, over the load and until it is idle
+again (the extraction jobs the load's trims queued), divided by the turns. The client's own
 CPU is in another process and is not counted. It is split into the event loop's
 thread (the turns themselves) and the rest (the job process's extraction jobs,
 the worker thread; in older trees the jobs on that thread, and the database
@@ -276,11 +277,31 @@ async def measure(g: Gateway, requests: int, clients: int, headers: dict[str, st
     """
     assert g.proc is not None
     pid = g.proc.pid
+    await settle(pid)  # nothing left over from before (the job process starting, the last load's jobs)
     cpu0, loop0 = cpu_seconds(pid), cpu_seconds(pid, thread=pid)
     tps, lat = await load(g.url, requests, clients, headers)
+    await settle(pid)  # the work these turns left behind (their trims' extraction jobs) is theirs
     cpu_ms = (cpu_seconds(pid) - cpu0) * 1000 / requests
     loop_ms = (cpu_seconds(pid, thread=pid) - loop0) * 1000 / requests
     return tps, pct(lat, 0.5), pct(lat, 0.99), cpu_ms, loop_ms
+
+
+async def settle(pid: int, *, step: float = 0.5, limit: float = 60.0) -> None:
+    """Wait until the gateway (its job process included) is idle: less than one clock tick of CPU in ``step`` s.
+
+    A gateway's CPU per turn counts the work its turns cause after they are answered (the
+    extraction jobs of their trims, in the job process) and nothing from before: the job
+    process's own start (about a second of CPU, imports) used to fall into the first load.
+    """
+    deadline = time.monotonic() + limit
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    last = cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(step)
+        now = cpu_seconds(pid)
+        if now - last < tick:
+            return
+        last = now
 
 
 async def main() -> None:
