@@ -252,6 +252,9 @@ async def run_gateway(
         await wait_up(f"http://127.0.0.1:{gw_port}/healthz", timeout=90)
         base = f"http://127.0.0.1:{gw_port}"
         await drive(base, tokens, min(args.sessions, 20), 2)  # warm-up
+        from bench.turn_overhead import settle
+
+        await settle(gw.pid)  # the job process started, the warm-up's jobs done: none of it is counted
         spread = 0.0 if args.burst else args.model_ms / 1000
         return await drive(base, tokens, args.sessions, args.seconds, spread_s=spread, pid=gw.pid)
     finally:
