@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 
@@ -86,38 +85,20 @@ class ConnectionPool:
             self._size -= 1
         self._wake()
 
-    @asynccontextmanager
-    async def acquire(self) -> AsyncIterator[Any]:
+    def acquire(self) -> _Checkout:
         """``async with pool.acquire() as conn``: a checkout, given back when the block ends."""
-        conn = await self.checkout()
-        try:
-            yield conn
-        except BaseException:
-            self.checkin(conn, clean=False)
-            raise
-        self.checkin(conn, clean=True)
+        return _Checkout(self)
 
     async def fetch(self, query: str, *args: Any) -> list[Any]:
         """``conn.fetch`` on a checkout."""
-        conn = await self.checkout()
-        try:
+        async with _Checkout(self) as conn:
             rows: list[Any] = await conn.fetch(query, *args)
-        except BaseException:
-            self.checkin(conn, clean=False)
-            raise
-        self.checkin(conn, clean=True)
-        return rows
+            return rows
 
     async def fetchrow(self, query: str, *args: Any) -> Any:
         """``conn.fetchrow`` on a checkout."""
-        conn = await self.checkout()
-        try:
-            row = await conn.fetchrow(query, *args)
-        except BaseException:
-            self.checkin(conn, clean=False)
-            raise
-        self.checkin(conn, clean=True)
-        return row
+        async with _Checkout(self) as conn:
+            return await conn.fetchrow(query, *args)
 
     async def fetchval(self, query: str, *args: Any) -> Any:
         """``conn.fetchval`` on a checkout."""
@@ -126,14 +107,9 @@ class ConnectionPool:
 
     async def execute(self, query: str, *args: Any) -> str:
         """``conn.execute`` on a checkout."""
-        conn = await self.checkout()
-        try:
+        async with _Checkout(self) as conn:
             status: str = await conn.execute(query, *args)
-        except BaseException:
-            self.checkin(conn, clean=False)
-            raise
-        self.checkin(conn, clean=True)
-        return status
+            return status
 
     async def close(self) -> None:
         """Close the idle connections; one still checked out is terminated when it comes back."""
@@ -188,3 +164,20 @@ class ConnectionPool:
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+
+class _Checkout:
+    """One checkout as an ``async with`` block: given back clean only if the block ended without an exception."""
+
+    __slots__ = ("_conn", "_pool")
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self._pool = pool
+        self._conn: Any = None
+
+    async def __aenter__(self) -> Any:
+        self._conn = await self._pool.checkout()
+        return self._conn
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self._pool.checkin(self._conn, clean=exc_type is None)
