@@ -565,6 +565,7 @@ def _candidates_sql(dialect: Any, with_words: bool, with_user: bool, n_words: in
 
 @lru_cache(maxsize=2)
 def _records_compiled(dialect: Any) -> Any:
+    """``_records_statement`` compiled once; each id bucket only expands its ``IN`` list."""
     return _records_statement().compile(dialect=dialect)
 
 
