@@ -113,42 +113,45 @@ class ConnectionPool:
 
     async def close(self) -> None:
         """Close the idle connections; one still checked out is terminated when it comes back."""
-        self._closed = True
-        idle, self._idle = self._idle, []
-        self._size -= len(idle)
-        self._wake_all()
-        for conn in idle:
-            try:
-                await conn.close(timeout=5)
-            except Exception:  # closing anyway: drop it
-                conn.terminate()
+        idle = self._shut()
+        try:
+            for conn in idle:
+                try:
+                    await conn.close(timeout=5)
+                except Exception:  # closing anyway: drop it
+                    conn.terminate()
+        finally:  # cancelled halfway: the rest are dropped at once, never left open
+            for conn in idle:
+                if not conn.is_closed():
+                    conn.terminate()
 
     def terminate(self) -> None:
         """Drop the idle connections at once (when awaiting is impossible)."""
+        for conn in self._shut():
+            conn.terminate()
+
+    def _shut(self) -> list[Any]:
+        """Refuse checkouts from now on, wake every waiter (to be refused), and hand over the idle connections."""
         self._closed = True
         idle, self._idle = self._idle, []
         self._size -= len(idle)
         self._wake_all()
-        for conn in idle:
-            conn.terminate()
+        return idle
 
     async def _open(self) -> Any:
         import asyncpg
 
         self._size += 1
+        conn = None
         try:
             conn = await asyncpg.connect(self.dsn)
-        except BaseException:
-            self._size -= 1
-            self._wake()
-            raise
-        try:
             if self._init is not None:
                 await self._init(conn)
         except BaseException:
-            conn.terminate()
+            if conn is not None:
+                conn.terminate()
             self._size -= 1
-            self._wake()
+            self._wake()  # a waiter may open one in its place
             raise
         return conn
 

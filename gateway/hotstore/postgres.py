@@ -147,11 +147,7 @@ class PostgresHotStore(HotStore):
         """Close the pool (the next use opens a new one)."""
         pool, self._pool = self._pool, None
         if pool is not None and self._pid == os.getpid():
-            try:
-                await pool.close()
-            except asyncio.CancelledError:
-                pool.terminate()
-                raise
+            await pool.close()  # cancelled halfway, it drops the rest of its connections itself
 
     def terminate(self) -> None:
         """Drop the pool's connections at once (when awaiting is impossible)."""

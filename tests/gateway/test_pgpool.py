@@ -119,3 +119,15 @@ async def test_a_closed_pool_refuses_checkouts_as_a_storage_fault(pool: Connecti
     assert storage_reason(refused.value) is not None
     pool.checkin(held, clean=True)  # a connection out at close is terminated when it comes back
     assert held.is_closed() and pool.size == 0
+
+
+async def test_a_close_cancelled_halfway_leaves_no_connection_open(pool: ConnectionPool) -> None:
+    held = [await pool.checkout(), await pool.checkout()]
+    for conn in held:
+        pool.checkin(conn, clean=True)
+    closing = asyncio.create_task(pool.close())
+    await asyncio.sleep(0)  # inside close(), awaiting the first connection's goodbye
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert all(conn.is_closed() for conn in held) and pool.size == 0
