@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.hotstore import hot_store
 from memory.store import MemoryStore
 from memory.types import SliceMessage
 from memory.writer import MemoryWriter
@@ -53,7 +54,10 @@ def agent(mid: str, text: str, *, minute: int = 0) -> SliceMessage:
 
 @pytest.fixture
 def store(engine: AsyncEngine, clock: Clock) -> MemoryStore:
-    return MemoryStore(engine, clock=clock)
+    # As the gateway builds it (gateway/memory_glue.py): on SQLite the turn's read and the write
+    # path's statements run on the driver itself; tests/memory/test_write_driver.py holds that path
+    # to SQLAlchemy's, statement by statement.
+    return MemoryStore(engine, clock=clock, raw=hot_store(engine))
 
 
 @pytest.fixture

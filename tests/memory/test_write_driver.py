@@ -1,0 +1,160 @@
+"""The write path on SQLite's driver itself (``RawWrites``) against the same path through SQLAlchemy.
+
+On SQLite the gateway's memory store runs the write path's statements (the
+subject read, the record insert, the subject rule's retirement, the veto check,
+the revision row) on the session's own driver connection, bound and decoded by
+the hot store. These tests hold it to SQLAlchemy's: one scenario of writes,
+retirements, a duplicate, history, an unverified record, an undo and its veto,
+run once each way on real SQLite files, must leave the same rows; and the driver
+path must really be the one taken (SQLAlchemy never sees those statements).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.db import make_engine, upgrade
+from gateway.hotstore import hot_store
+from gateway.sqlite_inline import make_inline_engine
+from memory.store import MemoryStore
+from memory.writer import MemoryWriter
+from tests.conftest import Clock
+from tests.memory.conftest import ALICE, BOB, CRON, T0
+
+
+async def _scenario(store: MemoryStore, clock: Clock) -> dict[str, str]:
+    """Writes that take every branch of the write path; returns what each step answered, by name."""
+    w = MemoryWriter(store)
+    seen: dict[str, str] = {}
+    ids: dict[str, str] = {}
+
+    async def note(name: str, content: str, minutes: int, who: Any = ALICE, source: str = "live") -> None:
+        res = await w.write(
+            who,
+            "agent_notes",
+            source,
+            subject="Report data source",
+            content=content,
+            said_at=T0 + timedelta(minutes=minutes),
+            session_id="s_1",
+            evidence=["msg-" + name],
+            review_by=clock.now + timedelta(days=30),
+            citations=["the admin said so"] if name == "first" else (),
+            applies_to=["daily-report"] if name == "second" else (),
+        )
+        ids[name] = res.record.id if res.record else ""
+        status = res.record.status if res.record else "-"
+        seen[name] = f"{res.decision.verdict.value}:{status}:{len(res.retired)}:{res.duplicate}"
+
+    await note("first", "The report is produced from example_orders", 0)
+    await note("second", "The report is produced from orders_v2", 10)  # retires first
+    await note("again", "The report is produced from orders_v2", 12)  # the same fact: a duplicate
+    await note("older", "The report is produced from legacy_orders", 5)  # said earlier: history itself
+    await note("cron", "The report is produced from cron_orders", 20, who=CRON)  # unverified: retires nothing
+    for minute, content in ((1, "Bob likes short answers"), (30, "Bob likes long answers")):
+        res = await w.write(
+            BOB,
+            "personal",
+            "live",
+            subject="answer length",
+            content=content,
+            said_at=T0 + timedelta(minutes=minute),
+            owner_user_id=BOB.user_id,
+        )
+        seen[f"bob-{minute}"] = f"{res.record.status if res.record else '-'}:{len(res.retired)}"
+    (revision,) = await store.revisions_for(ids["first"])  # the second note retired the first
+    undone = await store.undo(by=ALICE.user_id or "", revision_id=revision.id)
+    seen["undo"] = f"{len(undone.restored)}"
+    again = await store.apply_subject_rule(ids["second"], cause="relearn")
+    seen["vetoed"] = f"{len(again)}"  # the undone pair stays apart
+    return seen
+
+
+async def _rows(engine: AsyncEngine) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row the scenario wrote, with generated ids replaced by what the rows say."""
+    async with engine.connect() as conn:
+        records = (await conn.execute(text("SELECT * FROM memory_records ORDER BY said_at, content"))).all()
+        name = {r.id: f"{r.scope}:{r.content}" for r in records}
+        revisions = (await conn.execute(text("SELECT * FROM memory_revisions"))).all()
+        terms = (await conn.execute(text("SELECT term, record_id, said_at, review_by FROM memory_terms"))).all()
+    return {
+        "records": [
+            tuple(name.get(v, v) if k in ("id", "superseded_by") else v for k, v in r._mapping.items()) for r in records
+        ],
+        "revisions": sorted(
+            # [1:]: the row without its own id (random), its first column
+            tuple(name.get(v, v) if k in ("retired_id", "replacing_id") else v for k, v in r._mapping.items())[1:]
+            for r in revisions
+        ),
+        "terms": sorted((t.term, name[t.record_id], t.said_at, t.review_by) for t in terms),
+    }
+
+
+@pytest.fixture
+async def engines(tmp_path: Path) -> AsyncIterator[tuple[AsyncEngine, AsyncEngine]]:
+    made = []
+    for name in ("driver", "sqlalchemy"):
+        engine = make_engine(f"sqlite+aiosqlite:///{tmp_path / name}.db")
+        await upgrade(engine)
+        made.append(engine)
+    try:
+        yield made[0], made[1]
+    finally:
+        for engine in made:
+            await engine.dispose()
+
+
+async def test_the_driver_path_writes_what_sqlalchemy_writes(engines: tuple[AsyncEngine, AsyncEngine]) -> None:
+    driver_engine, sa_engine = engines
+    answers = []
+    for engine, raw in ((driver_engine, hot_store(driver_engine)), (sa_engine, None)):
+        clock = Clock(T0 + timedelta(hours=1))
+        answers.append(await _scenario(MemoryStore(engine, clock=clock, raw=raw), clock))
+    assert answers[0] == answers[1]
+    assert answers[0]["second"].endswith(":1:False")  # the scenario took the branches it is for
+    assert answers[0]["again"].endswith(":True") and answers[0]["older"].startswith("write:superseded")
+    assert answers[0]["undo"] == "1" and answers[0]["vetoed"] == "0"
+    driver_rows, sa_rows = await _rows(driver_engine), await _rows(sa_engine)
+    assert driver_rows["records"] and driver_rows["revisions"] and driver_rows["terms"]
+    for table in ("records", "revisions", "terms"):
+        assert driver_rows[table] == sa_rows[table], table
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["aiosqlite", "inline"])
+async def test_the_write_path_does_not_go_through_sqlalchemy_on_sqlite(tmp_path: Path, inline: bool) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
+    setup = make_engine(url)
+    await upgrade(setup)
+    await setup.dispose()
+    engine = make_inline_engine(url) if inline else make_engine(url)  # the job process's, or serve's
+    through_sqlalchemy: list[str] = []
+    event.listen(engine.sync_engine, "before_cursor_execute", lambda *a: through_sqlalchemy.append(a[2]))
+    try:
+        clock = Clock(T0 + timedelta(hours=1))
+        store = MemoryStore(engine, clock=clock, raw=hot_store(engine))
+        w = MemoryWriter(store)
+        for minute in (0, 10):
+            res = await w.write(
+                BOB,
+                "personal",
+                "live",
+                subject="answer length",
+                content=f"Bob likes answers of {minute} lines",
+                said_at=T0 + timedelta(minutes=minute),
+                owner_user_id=BOB.user_id,
+            )
+        assert res.record is not None and len(res.retired) == 1
+        live = await store.personal_for(BOB.user_id or "")
+        assert [r.content for r in live] == ["Bob likes answers of 10 lines"]
+    finally:
+        await engine.dispose()
+    written = [s for s in through_sqlalchemy if s.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))]
+    assert written == []  # every insert, update and delete of the write path went to the driver itself
+    assert any("memory_records" in s for s in through_sqlalchemy)  # the check can see SQLAlchemy's own reads
