@@ -16,7 +16,7 @@ errors, /healthz p50/p99. The baseline in the same run is main's ceiling: the
 same gateway with 32 model calls in flight (main held a 32-slot semaphore across
 the whole turn, ``session.max_concurrent_sessions``, which caps the same way).
 
-    .venv/bin/python bench/model_load.py [--sessions 200] [--seconds 20] [--model-ms 500]
+    .venv/bin/python bench/model_load.py [--sessions 200] [--seconds 20] [--model-ms 500] [--runs 3]
         [--users 20] [--baseline-limit 32] [--limit 256] [--no-baseline] [--burst] [--postgres [URL]]
 """
 
@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -266,6 +267,22 @@ async def run_gateway(
             await drop_pg_database(args.postgres, pg_name)
 
 
+def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over ``runs`` (errors summed, their kinds merged)."""
+    if len(runs) == 1:
+        return runs[0]
+    out: dict[str, Any] = {
+        k: statistics.median(r[k] for r in runs) for k in runs[0] if k not in ("errors", "error_kinds")
+    }
+    out["errors"] = float(sum(r["errors"] for r in runs))
+    kinds: dict[str, int] = {}
+    for r in runs:
+        for kind, n in r["error_kinds"].items():
+            kinds[kind] = kinds.get(kind, 0) + n
+    out["error_kinds"] = kinds
+    return out
+
+
 def line(name: str, r: dict[str, Any], model_ms: float) -> str:
     return (
         f"{name:<22} {r['turns_s']:7.1f} turns/s  p50 +{r['p50'] - model_ms:7.1f} ms  "
@@ -283,6 +300,7 @@ async def main() -> None:
     ap.add_argument("--limit", type=int, default=256, help="llm.max_concurrent_calls of the measured gateway")
     ap.add_argument("--baseline-limit", type=int, default=32, help="main's ceiling (its 32-slot turn semaphore)")
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--runs", type=int, default=1, help="pairs of runs, in alternating order; medians are printed")
     ap.add_argument(
         "--burst",
         action="store_true",
@@ -307,22 +325,31 @@ async def main() -> None:
     if args.seed_users_into:
         print(json.dumps(await seed_users(args.seed_users_into, args.users)))
         return
-    results = []
+    trees: list[tuple[str, str, Path, int | None]] = []  # (label, database name, source, limit)
+    if not args.no_baseline:
+        if args.baseline_source:
+            trees.append((f"baseline ({args.baseline_source.name})", "baseline", args.baseline_source, None))
+        else:
+            trees.append((f"baseline (limit {args.baseline_limit})", "baseline", ROOT, args.baseline_limit))
+    trees.append((f"gateway (limit {args.limit})", "gateway", ROOT, args.limit))
+    results: dict[str, list[dict[str, Any]]] = {label: [] for label, *_ in trees}
     with tempfile.TemporaryDirectory() as tmp:
-        if not args.no_baseline:
-            if args.baseline_source:
-                base = await run_gateway(Path(tmp), "baseline", args.baseline_source, None, args)
-                results.append((f"baseline ({args.baseline_source.name})", base))
-            else:
-                base = await run_gateway(Path(tmp), "baseline", ROOT, args.baseline_limit, args)
-                results.append((f"baseline (limit {args.baseline_limit})", base))
-        now = await run_gateway(Path(tmp), "gateway", ROOT, args.limit, args)
-        results.append((f"gateway (limit {args.limit})", now))
+        for run in range(args.runs):
+            # The order alternates: the machine's speed drifts within minutes, and the second of a
+            # pair measured slower whichever tree it was (healthz p99 96 vs 187 ms, then 73 vs 98).
+            for label, name, source, limit in trees if run % 2 == 0 else trees[::-1]:
+                r = await run_gateway(Path(tmp), f"{name}{run}", source, limit, args)
+                results[label].append(r)
+                if args.runs > 1:
+                    print(f"run {run + 1}: {line(label, r, args.model_ms)}", flush=True)
     backend = "PostgreSQL" if args.postgres else "SQLite"
     start = "all started at once" if args.burst else f"first messages spread over {args.model_ms:.0f} ms"
-    print(f"\n{args.sessions} sessions ({start}), model {args.model_ms:.0f} ms, {args.seconds:.0f} s each, {backend}:")
-    for name, r in results:
-        print(line(name, r, args.model_ms))
+    each = f"{args.seconds:.0f} s each"
+    if args.runs > 1:
+        each += f", medians of {args.runs} runs in alternating order"
+    print(f"\n{args.sessions} sessions ({start}), model {args.model_ms:.0f} ms, {each}, {backend}:")
+    for label, runs in results.items():
+        print(line(label, median_result(runs), args.model_ms))
     print(
         "targets: >= 300 turns/s, p99 < +500 ms, no errors, /healthz p99 < 20 ms "
         "(max possible: sessions / model time = "
