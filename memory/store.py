@@ -377,6 +377,7 @@ _RETIRE = (
 _DELETE_POSTINGS = delete(_TERMS).where(_TERMS.c.record_id == bindparam("retired"))
 _INSERT_RECORD = insert(_T)
 _INSERT_REVISION = insert(_REV)
+_INSERT_POSTING = insert(_TERMS)
 _SUBJECT_LOCK = text("SELECT pg_advisory_xact_lock(:k)")
 
 
@@ -727,6 +728,16 @@ class MemoryStore:
         _, count = await self._on_driver(s, statement, params, None)
         return count
 
+    async def _insert_many(self, s: AsyncSession, statement: Any, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Insert ``rows`` (one statement for many through SQLAlchemy, one each on the driver, inline)."""
+        if not rows:
+            return
+        if self._run_on is None:
+            await s.execute(statement, list(rows))
+            return
+        for row in rows:
+            await self._on_driver(s, statement, row, None)
+
     # ---- writes --------------------------------------------------------------------------
 
     async def add(
@@ -888,8 +899,9 @@ class MemoryStore:
             # policy: "An unverified record retires nothing".
             return Added(view)
         if scope == "agent_notes":
-            s.add_all(_postings(view))
-            await s.flush()
+            await self._insert_many(
+                s, _INSERT_POSTING, note_postings(view.id, view.subject, view.content, view.said_at, view.review_by)
+            )
         retired = await self._subject_rule(s, view, cause=_CAUSE_OF_SOURCE[decision.source], run_id=run_id)
         return Added(await self._reread(s, view.id), retired)
 

@@ -24,6 +24,7 @@ from gateway.db import make_engine, upgrade
 from gateway.hotstore import hot_store
 from gateway.sqlite_inline import make_inline_engine
 from memory.store import MemoryStore
+from memory.words import terms
 from memory.writer import MemoryWriter
 from tests.conftest import Clock
 from tests.memory.conftest import ALICE, BOB, CRON, T0
@@ -153,6 +154,18 @@ async def test_the_write_path_does_not_go_through_sqlalchemy_on_sqlite(tmp_path:
         assert res.record is not None and len(res.retired) == 1
         live = await store.personal_for(BOB.user_id or "")
         assert [r.content for r in live] == ["Bob likes answers of 10 lines"]
+        note = await w.write(  # an agent note: its postings (the prompt's match index) too
+            ALICE,
+            "agent_notes",
+            "live",
+            subject="Report data source",
+            content="The report is produced from example_orders",
+            said_at=T0,
+            review_by=clock.now + timedelta(days=30),
+        )
+        assert note.record is not None
+        found = await store.prompt_candidates(user_id=None, query_terms=terms("example_orders"), now=clock.now)
+        assert [v.id for v, _score in found.matched_notes] == [note.record.id]
     finally:
         await engine.dispose()
     written = [s for s in through_sqlalchemy if s.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))]
