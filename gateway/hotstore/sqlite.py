@@ -339,12 +339,23 @@ class SQLiteHotStore(HotStore):
     async def run_on(
         self, driver: Any, sql: str, args: Sequence[Any], kinds: Sequence[str | None] | None
     ) -> tuple[list[tuple[Any, ...]], int]:
-        """The memory store's write-path statements on a SQLAlchemy session's own connection (:func:`run_on`)."""
-        return await run_on(driver, sql, args, kinds)
+        """``sql`` on ``driver``, a SQLAlchemy session's own connection (aiosqlite's, or ``gateway.sqlite_inline``'s),
+        inside that session's transaction: rows decoded by ``kinds`` (None: no rows read), and the row count.
+
+        The memory store's write path runs its statements here (``memory.store.RawWrites``): on SQLite
+        a write holds the one write lock until it commits, and every turn that meets it waits.
+        """
+        cursor = await driver.execute(sql, [_bind(a) for a in args])
+        try:
+            if kinds is None:
+                return [], cursor.rowcount
+            return _decoded(await cursor.fetchall(), kinds), cursor.rowcount
+        finally:
+            await cursor.close()
 
     async def select(self, sql: str, args: Sequence[Any], kinds: Sequence[str | None]) -> list[tuple[Any, ...]]:
-        """One read statement (``?`` parameters; datetimes are encoded, values decoded by ``kinds``)."""
-        params = [encode_time(a) if isinstance(a, datetime) else a for a in args]
+        """One read statement (``?`` parameters bound as ``_bind`` does; values decoded by ``kinds``)."""
+        params = [_bind(a) for a in args]
 
         def body(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
             return _decoded(conn.execute(sql, params).fetchall(), kinds)
@@ -368,30 +379,12 @@ def _decoded(rows: list[tuple[Any, ...]], kinds: Sequence[str | None]) -> list[t
 
 
 def _bind(value: Any) -> Any:
-    """A parameter as SQLAlchemy's SQLite types bind it: ``UTCDateTime`` as text, JSON as its text."""
+    """A parameter as SQLAlchemy's SQLite types bind it: ``UTCDateTime`` as text, a JSON list or object as its text."""
     if isinstance(value, datetime):
         return encode_time(value)
     if isinstance(value, (list, dict)):
         return json.dumps(value)
     return value
-
-
-async def run_on(
-    driver: Any, sql: str, args: Sequence[Any], kinds: Sequence[str | None] | None
-) -> tuple[list[tuple[Any, ...]], int]:
-    """``sql`` on ``driver``, a SQLAlchemy session's own connection (aiosqlite's, or ``gateway.sqlite_inline``'s),
-    inside that session's transaction: rows decoded by ``kinds`` (None: no rows read), and the row count.
-
-    The memory store's write path runs its statements here (``memory.store.RawWrites``): on SQLite
-    a write holds the one write lock until it commits, and every turn that meets it waits.
-    """
-    cursor = await driver.execute(sql, [_bind(a) for a in args])
-    try:
-        if kinds is None:
-            return [], cursor.rowcount
-        return _decoded(await cursor.fetchall(), kinds), cursor.rowcount
-    finally:
-        await cursor.close()
 
 
 def _decode(rows: list[tuple[Any, ...]], decoded: Kept[tuple[Any, ...], MessageRow]) -> list[MessageRow]:
