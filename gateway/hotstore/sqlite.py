@@ -172,6 +172,17 @@ def _job_row(r: tuple[Any, ...]) -> JobRow:
     )  # fmt: skip
 
 
+STATEMENT_CACHE = 128
+"""Prepared statements the connection keeps (``sqlite3``'s LRU, keyed by the SQL text).
+
+What this connection can run: ``sql``'s 22 statements, the prompt's candidates in 50
+shapes (with and without a speaker, by word count up to ``MAX_QUERY_TERMS`` 24, and
+without words) and its record reads in 4 sizes: about 80. At the module's default
+of 64, varied conversations pushed statements out, and preparing the candidates
+statement again costs 157 µs against 36 µs to run it prepared (100,000 records).
+"""
+
+
 class SQLiteHotStore(HotStore):
     """The hot path on one inline ``sqlite3`` connection."""
 
@@ -195,7 +206,9 @@ class SQLiteHotStore(HotStore):
         if conn is not None and self._pid == os.getpid():
             return conn
         # isolation_level=None: no implicit BEGIN; every transaction here is explicit.
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, cached_statements=64)
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, cached_statements=STATEMENT_CACHE
+        )
         try:
             if self._on_connect is not None:
                 self._on_connect(conn)  # the engine's own connect hooks (pragmas, faults a test injects)
