@@ -37,16 +37,16 @@ by their ``index`` into whole calls.
 from __future__ import annotations
 
 import asyncio
+import functools
 import http
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
@@ -178,19 +178,28 @@ def parse_arguments(raw: str | None, tool_name: str) -> Mapping[str, Any]:
     return value
 
 
+@functools.cache
+def _orjson_dumps() -> Callable[[Any], bytes]:
+    """``orjson.dumps``, imported with the first body: its import costs about 20 ms, which start-up need not pay."""
+    import orjson
+
+    return orjson.dumps
+
+
 def encode_body(request: Mapping[str, Any]) -> bytes:
     """A request body as the SDK wrote it: compact UTF-8 JSON, no NaN.
 
     ``orjson`` writes the bytes the ``json`` module's compact form writes
-    (``tests/llm/test_openai_body.py`` checks that), about 3 µs for a 30-message
+    (``tests/gateway/test_openai_body.py`` checks that), about 3 µs for a 30-message
     history against 57 µs. What it will not write (a lone surrogate, a key that is
-    not a string, an integer past 64 bits) goes to the ``json`` module, which
-    writes it or raises as it always did. NaN, which orjson would write as null,
-    has no way in: the temperature is validated to 0-2, and schemas are the code's.
+    not a string, an integer past 64 bits: its ``JSONEncodeError`` is a TypeError)
+    goes to the ``json`` module, which writes it or raises as it always did. NaN,
+    which orjson would write as null, has no way in: the temperature is validated
+    to 0-2, and schemas are the code's.
     """
     try:
-        return orjson.dumps(request)
-    except orjson.JSONEncodeError:
+        return _orjson_dumps()(request)
+    except TypeError:
         return json.dumps(request, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
