@@ -4,12 +4,15 @@ Every turn reads its session's history again (up to ``session.max_messages``
 rows) and makes the same objects from it: the decoded row, the
 ``StoredMessage``, the history line the model is shown and its token
 estimate. A stored message never changes after its insert except for what the
-ordering lease and a trim write, so most of that work repeats the previous
-turn's. ``Kept`` holds the result by row id **with the source it was made
+ordering lease and a trim write (the database refuses any other change: migration
+0015), so most of that work repeats the previous turn's. ``Kept`` holds the result by row id **with the source it was made
 from**; a caller takes it only when the source it has now is that same source
 (the same object, or equal values), so a changed row, another database's row
 with the same id, or a row written by another process is made afresh and never
-mistaken for an old one. Correct without invalidation, across processes.
+mistaken for an old one. Correct without invalidation, across processes. The
+SQLite hot store's source for a message row is its key, (id, created_at,
+answering_until): with the rest fixed by the database, that is the row, and the
+rows it keeps are not read again (``gateway/hotstore/sqlite.py``, ``_kept_rows``).
 """
 
 from __future__ import annotations

@@ -182,3 +182,14 @@ class Clock:
 def clock() -> Clock:
     """A clock tests move by hand."""
     return Clock()
+
+
+def alembic_downgrade(conn: Any, revision: str) -> None:
+    """Downgrade the database on ``conn`` (a sync connection: ``await conn.run_sync(alembic_downgrade, rev)``)."""
+    from alembic import command
+
+    from gateway.db import _alembic_config
+
+    cfg = _alembic_config()
+    cfg.attributes["connection"] = conn
+    command.downgrade(cfg, revision)

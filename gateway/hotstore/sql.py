@@ -34,7 +34,8 @@ OLD_MESSAGE = (
 )
 ASK_REPLY = "UPDATE messages SET reply_requested = TRUE WHERE id = ?"
 REPLY = "SELECT text FROM messages WHERE reply_to_id = ?"
-HISTORY = MESSAGE_SELECT + " WHERE session_id = ? AND archive_id IS NULL AND id <= ? ORDER BY id DESC LIMIT ?"
+_HISTORY_WHERE = " WHERE session_id = ? AND archive_id IS NULL AND id <= ? ORDER BY id DESC LIMIT ?"
+HISTORY = MESSAGE_SELECT + _HISTORY_WHERE
 MESSAGE_BY_ID = MESSAGE_SELECT + " WHERE id = ?"
 STORE = (
     "INSERT INTO messages (session_id, platform_message_id, speaker_user_id, stored_role, display_name,"
@@ -48,7 +49,16 @@ TURN_RECORD = (
 TRIM_SESSION = (
     "SELECT id, channel, conversation_id, thread_id, previous_context, extracted_through FROM sessions WHERE id = ?"
 )
-LIVE = MESSAGE_SELECT + " WHERE session_id = ? AND archive_id IS NULL ORDER BY id"
+_LIVE_WHERE = " WHERE session_id = ? AND archive_id IS NULL ORDER BY id"
+LIVE = MESSAGE_SELECT + _LIVE_WHERE
+
+# SQLite's kept rows (gateway/hotstore/sqlite.py, ``_kept_rows``): each row's key (id, created_at,
+# answering_until) first, then only the rows not kept, read whole with their key.
+_MESSAGE_KEY = "SELECT id, created_at, answering_until FROM messages"
+_KEYED_SELECT = MESSAGE_SELECT.replace(" FROM messages", ", created_at FROM messages")
+HISTORY_KEYS, KEYED_HISTORY = _MESSAGE_KEY + _HISTORY_WHERE, _KEYED_SELECT + _HISTORY_WHERE
+LIVE_KEYS, KEYED_LIVE = _MESSAGE_KEY + _LIVE_WHERE, _KEYED_SELECT + _LIVE_WHERE
+KEYED_MESSAGE_BY_ID = _KEYED_SELECT + " WHERE id = ?"
 ARCHIVE = (
     "INSERT INTO archives (id, session_id, created_at, start_at, end_at, trust, message_count, summary, markdown)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"

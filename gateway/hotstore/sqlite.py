@@ -400,13 +400,51 @@ def _bind(value: Any) -> Any:
     return value
 
 
-def _decode(rows: list[tuple[Any, ...]], decoded: Kept[tuple[Any, ...], MessageRow]) -> list[MessageRow]:
-    """Rows as ``MessageRow``: one decoded before from the very same values is used again."""
-    out = []
-    for r in rows:
-        row = decoded.get(r[0], r)
-        out.append(row if row is not None else decoded.put(r[0], r, _message_row(r)))
-    return out
+_FEW_MISSING = 4
+"""Rows not kept that ``_kept_rows`` reads one by one; with more, it reads them all in one statement."""
+
+
+def _kept_rows(
+    conn: sqlite3.Connection,
+    keys: list[tuple[Any, ...]],
+    whole: Callable[[], list[tuple[Any, ...]]],
+    decoded: Kept[tuple[Any, ...], MessageRow],
+) -> list[MessageRow]:
+    """The rows behind ``keys`` (id, created_at, answering_until), in their order, kept ones not read again.
+
+    A turn's history is mostly the rows the last turn read: reading only their keys
+    (three short columns, not the text) and the few rows not kept costs about a third
+    of reading every row whole. A stored message never changes after its insert but
+    for its archive_id (a trim, which the keys' query leaves out), reply_requested (not
+    in a ``MessageRow``) and answering_until (in the key); created_at, its insert's
+    own time to the microsecond, tells a row inserted again under a reused id (SQLite
+    gives the largest rowid again after a delete) from the one kept. ``whole`` reads
+    every row with its key (``KEYED_HISTORY``, ``KEYED_LIVE``): used when more than
+    ``_FEW_MISSING`` are not kept (a session's first turn since the start).
+
+    Called inside the transaction that read ``keys``, so the rows read are the ones keyed.
+    """
+    out: list[MessageRow | None] = []
+    missing = 0
+    for key in keys:
+        row = decoded.get(key[0], key)
+        if row is None:
+            missing += 1
+            if missing > _FEW_MISSING:
+                return [_kept(r, decoded) for r in whole()]
+        out.append(row)
+    if missing:
+        for i, key in enumerate(keys):
+            if out[i] is None:
+                out[i] = _kept(conn.execute(sql.KEYED_MESSAGE_BY_ID, (key[0],)).fetchone(), decoded)
+    return out  # type: ignore[return-value]  # every None was filled
+
+
+def _kept(r: tuple[Any, ...], decoded: Kept[tuple[Any, ...], MessageRow]) -> MessageRow:
+    """A keyed row (``sql.KEYED_*``: the message's columns, then created_at) as a ``MessageRow``, kept by its key."""
+    key = (r[0], r[11], r[10])
+    row = decoded.get(r[0], key)
+    return row if row is not None else decoded.put(r[0], key, _message_row(r))
 
 
 def _begin_turn(conn: sqlite3.Connection, m: TurnMessage, decoded: Kept[tuple[Any, ...], MessageRow]) -> TurnRows:
@@ -444,11 +482,13 @@ def _begin_turn(conn: sqlite3.Connection, m: TurnMessage, decoded: Kept[tuple[An
         new_id, resumed = old_id, True
     else:
         new_id = found[0]
-    rows = conn.execute(sql.HISTORY, (session_id, new_id, m.history_limit)).fetchall()
-    if resumed and (not rows or rows[0][0] != new_id):
+    at = (session_id, new_id, m.history_limit)
+    keys = conn.execute(sql.HISTORY_KEYS, at).fetchall()
+    rows = _kept_rows(conn, keys, lambda: conn.execute(sql.KEYED_HISTORY, at).fetchall(), decoded)
+    if resumed and (not rows or rows[0].id != new_id):
         # Already trimmed into an archive: answer it with what is still live.
-        rows.insert(0, conn.execute(sql.MESSAGE_BY_ID, (new_id,)).fetchone())
-    return TurnRows(session_id, previous, new_id, _decode(rows, decoded), resumed=resumed)
+        rows.insert(0, _kept(conn.execute(sql.KEYED_MESSAGE_BY_ID, (new_id,)).fetchone(), decoded))
+    return TurnRows(session_id, previous, new_id, rows, resumed=resumed)
 
 
 def _store_message(conn: sqlite3.Connection, m: NewMessage) -> tuple[int, int | None] | None:
@@ -494,8 +534,9 @@ def _trim(
     row = conn.execute(sql.TRIM_SESSION, (session_id,)).fetchone()
     if row is None:
         return None
-    live = conn.execute(sql.LIVE, (session_id,))
-    w = plan(TrimSession(*row), _decode(live.fetchall(), decoded))
+    keys = conn.execute(sql.LIVE_KEYS, (session_id,)).fetchall()
+    live = _kept_rows(conn, keys, lambda: conn.execute(sql.KEYED_LIVE, (session_id,)).fetchall(), decoded)
+    w = plan(TrimSession(*row), live)
     if w is None:
         return None
     marks = ",".join("?" * len(w.message_ids))

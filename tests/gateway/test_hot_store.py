@@ -36,7 +36,7 @@ from memory.store import MemoryStore, _candidates_statement, _view, note_posting
 from memory.words import subject_key
 from pairing.principal import Principal, Role
 from pairing.store import PairingStore
-from tests.conftest import Clock
+from tests.conftest import Clock, alembic_downgrade
 
 ALICE = Principal.human("u_alice", Role.USER, "Alice")
 KEY = SessionKey("web", "conv-1")
@@ -137,8 +137,9 @@ async def test_history_is_oldest_first_and_limited_to_the_newest(engine: AsyncEn
 async def test_history_read_again_is_the_rows_as_they_are_now_not_as_first_read(
     engine: AsyncEngine, clock: Clock
 ) -> None:
-    # Rows read every turn are made into objects once (gateway/kept.py); a row another connection
-    # changed since must come back changed: the lease that orders answers, and any other field.
+    # Rows read every turn are made into objects once (gateway/kept.py); what another connection
+    # may change since (the lease that orders answers) must come back changed, and what it may
+    # not (what was said) is refused by the database, so a kept row is never out of date.
     store = SessionStore(engine, clock=clock)
     first = await begin(store, "m1", "first words")
     await reply(store, first.session_id, "m1", first.stored.id)
@@ -146,17 +147,93 @@ async def test_history_read_again_is_the_rows_as_they_are_now_not_as_first_read(
     assert (await begin(store, "m2", reply_requested=False)).waiting_on == ()
     until = clock.now + timedelta(minutes=5)
     async with engine.begin() as conn:  # another connection: SQLAlchemy's, not the hot store's
-        await conn.execute(update(Message).where(Message.id == first.stored.id).values(text="other words"))
         await conn.execute(update(Message).where(Message.platform_message_id == "m2").values(answering_until=until))
     clock.advance(seconds=1)
     start = await begin(store, "m3")
-    assert [m.text for m in start.history][:2] == ["other words", "hi Alice"]
+    assert [m.text for m in start.history][:2] == ["first words", "hi Alice"]
     assert [b.until for b in start.waiting_on] == [until]  # m2's lease, written after it was first read
     await reply(store, start.session_id, "m3", start.stored.id)
     async with engine.begin() as conn:
         await conn.execute(update(Message).where(Message.platform_message_id == "m2").values(answering_until=None))
     clock.advance(seconds=1)
     assert (await begin(store, "m4")).waiting_on == ()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"text": "other words"}, {"display_name": "Mallory"}, {"speaker_user_id": "u_mallory"}, {"said_at": None}],
+    ids=["text", "display_name", "speaker", "said_at"],
+)
+async def test_what_was_said_is_never_changed_after_the_insert(
+    engine: AsyncEngine, clock: Clock, change: dict[str, Any]
+) -> None:
+    store = SessionStore(engine, clock=clock)
+    first = await begin(store, "m1", "first words")
+    values = {k: (clock.now - timedelta(days=1) if k == "said_at" else v) for k, v in change.items()}
+    with pytest.raises(Exception, match="a stored message is not changed after its insert"):
+        async with engine.begin() as conn:
+            await conn.execute(update(Message).where(Message.id == first.stored.id).values(**values))
+    async with engine.begin() as conn:  # the same value again, and the columns that may change, are taken
+        await conn.execute(update(Message).where(Message.id == first.stored.id).values(text="first words"))
+        await conn.execute(update(Message).where(Message.id == first.stored.id).values(reply_requested=False))
+    clock.advance(seconds=1)
+    start = await begin(store, "m2")
+    said = start.history[0]
+    assert (said.text, said.display_name, said.speaker_user_id) == ("first words", "Alice", "u_alice")
+
+
+async def test_a_row_id_given_again_after_a_delete_is_read_afresh(engine: AsyncEngine, clock: Clock) -> None:
+    # SQLite gives the largest rowid again once that row is deleted (an operator's repair, say):
+    # the row now under it is another message, and the history must show that one, not the one kept.
+    store = SessionStore(engine, clock=clock)
+    await begin(store, "m1", "first words", reply_requested=False)
+    clock.advance(seconds=1)
+    gone = await begin(store, "m2", "deleted words", reply_requested=False)
+    async with engine.begin() as conn:
+        await conn.execute(Message.__table__.delete().where(Message.id == gone.stored.id))
+    clock.advance(seconds=1)
+    start = await begin(store, "m3", "new words", reply_requested=False)
+    assert [m.text for m in start.history] == ["first words", "new words"]
+    if engine.dialect.name == "sqlite":
+        assert start.stored.id == gone.stored.id  # the id was given again: what this test is about
+
+
+@pytest.mark.parametrize("written", [3, 12], ids=["a few rows new", "many rows new"])
+async def test_history_kept_and_new_rows_come_in_order(engine: AsyncEngine, clock: Clock, written: int) -> None:
+    # Rows this store has kept and rows another process wrote since (read one by one when few,
+    # all at once when many) make one history, oldest first, each row whole.
+    store = SessionStore(engine, clock=clock)
+    for i in range(4):
+        clock.advance(seconds=1)
+        await begin(store, f"a{i}", f"kept {i}", reply_requested=False)
+    other = SessionStore(engine, clock=clock)  # another process's store
+    for i in range(written):
+        clock.advance(seconds=1)
+        await begin(other, f"b{i}", f"new {i}", reply_requested=False)
+    clock.advance(seconds=1)
+    start = await begin(store, "c", "last", reply_requested=False)
+    expected = [f"kept {i}" for i in range(4)] + [f"new {i}" for i in range(written)] + ["last"]
+    assert [m.text for m in start.history] == expected
+    assert [m.platform_message_id for m in start.history][-2:] == [f"b{written - 1}", "c"]
+    assert all(m.display_name == "Alice" and m.speaker_user_id == "u_alice" for m in start.history)
+
+
+async def test_a_trim_reads_the_live_rows_as_they_are_now(engine: AsyncEngine, clock: Clock) -> None:
+    # A trim plans from the session's live rows, kept ones included: the lease another connection
+    # wrote since they were first read is what the plan sees.
+    store = SessionStore(engine, clock=clock)
+    start = await begin(store, "m1", reply_requested=False)
+    until = clock.now + timedelta(minutes=5)
+    async with engine.begin() as conn:
+        await conn.execute(update(Message).where(Message.id == start.stored.id).values(answering_until=until))
+    seen: list[Any] = []
+
+    def plan(session: Any, live: list[Any]) -> None:
+        seen.extend(live)
+        return None
+
+    await store._hot.trim(start.session_id, plan)
+    assert [(r.id, r.answering_until) for r in seen] == [(start.stored.id, until)]
 
 
 async def test_a_rotation_of_200_full_sessions_makes_each_history_row_once(
@@ -554,3 +631,23 @@ def test_sqlite_stores_a_time_as_sqlalchemy_does_naive_utc_text_and_reads_it_bac
     text = encode_time(at)
     assert text == at.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
     assert decode_time(text) == at.astimezone(UTC)
+
+
+async def test_the_append_only_migration_downgrades_and_upgrades(db_url: str, clock: Clock) -> None:
+    engine = make_engine(db_url)
+    try:
+        await upgrade(engine)
+        store = SessionStore(engine, clock=clock)
+        first = await begin(store, "m1", "first words", reply_requested=False)
+        change = update(Message).where(Message.id == first.stored.id).values(text="other words")
+        async with engine.begin() as conn:
+            await conn.run_sync(alembic_downgrade, "0014_operator_logouts")
+        async with engine.begin() as conn:  # no trigger: the change is taken (and undone, below)
+            await conn.execute(change)
+            await conn.execute(update(Message).where(Message.id == first.stored.id).values(text="first words"))
+        await upgrade(engine)
+        with pytest.raises(Exception, match="a stored message is not changed after its insert"):
+            async with engine.begin() as conn:
+                await conn.execute(change)
+    finally:
+        await engine.dispose()

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import Connection, select, text
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.db import _alembic_config, make_engine, upgrade
+from gateway.db import make_engine, upgrade
 from memory.models import MemoryRecord, MemoryTerm
 from memory.revisions import undo_revision
 from memory.store import Merge, note_terms
 from memory.words import subject_key
 from memory.writer import MemoryWriter
+from tests.conftest import alembic_downgrade
 from tests.memory.conftest import ALICE, BOB, CRON, T0
 
 DAY = timedelta(days=1)
@@ -89,7 +90,7 @@ async def test_the_migration_stamps_existing_postings_and_downgrades(db_url: str
         await upgrade(engine)
         assert await _postings_agree_with_records(engine) == {"m_old"}
         async with engine.begin() as conn:
-            await conn.run_sync(_downgrade, "0012_answering")
+            await conn.run_sync(alembic_downgrade, "0012_answering")
         async with engine.connect() as conn:
             back = (await conn.execute(text("SELECT term, record_id FROM memory_terms"))).all()
         assert sorted(back) == sorted((w, "m_old") for w in words)
@@ -97,11 +98,3 @@ async def test_the_migration_stamps_existing_postings_and_downgrades(db_url: str
         assert await _postings_agree_with_records(engine) == {"m_old"}
     finally:
         await engine.dispose()
-
-
-def _downgrade(conn: Connection, revision: str) -> None:
-    from alembic import command
-
-    cfg = _alembic_config()
-    cfg.attributes["connection"] = conn
-    command.downgrade(cfg, revision)
