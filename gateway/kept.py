@@ -5,7 +5,8 @@ rows) and makes the same objects from it: the decoded row, the
 ``StoredMessage``, the history line the model is shown and its token
 estimate. A stored message never changes after its insert except for what the
 ordering lease and a trim write (the database refuses any other change: migration
-0015), so most of that work repeats the previous turn's. ``Kept`` holds the result by row id **with the source it was made
+0015), so most of that work repeats the previous turn's. ``Kept`` holds the
+result by row id **with the source it was made
 from**; a caller takes it only when the source it has now is that same source
 (the same object, or equal values), so a changed row, another database's row
 with the same id, or a row written by another process is made afresh and never
@@ -73,6 +74,10 @@ class Kept(Generic[S, V]):
         except KeyError:
             pass
         return value
+
+    def drop(self, key: int) -> None:
+        """Forget what is kept under ``key`` (nothing if nothing is)."""
+        self._items.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._items)

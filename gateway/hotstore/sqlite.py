@@ -291,11 +291,26 @@ class SQLiteHotStore(HotStore):
 
     async def begin_turn(self, m: TurnMessage) -> TurnRows:
         """Find or create the session, store the message once, read the history: one transaction."""
-        return await self._run(lambda conn: _begin_turn(conn, m, self._decoded), write=True)
+        inserted: list[int] = []
+        try:
+            return await self._run(lambda conn: _begin_turn(conn, m, self._decoded, inserted), write=True)
+        except BaseException:
+            self._forget(inserted)
+            raise
 
     async def store_message(self, m: NewMessage) -> tuple[int, int | None] | None:
         """Insert a message and its turn record in one transaction; None if it was stored before."""
-        return await self._run(lambda conn: _store_message(conn, m), write=True)
+        inserted: list[int] = []
+        try:
+            return await self._run(lambda conn: _store_message(conn, m, self._decoded, inserted), write=True)
+        except BaseException:
+            self._forget(inserted)
+            raise
+
+    def _forget(self, inserted: list[int]) -> None:
+        """Rows kept from their insert in a transaction that did not commit: their ids may be given again."""
+        for row_id in inserted:
+            self._decoded.drop(row_id)
 
     async def stored_reply(self, message_row_id: int) -> str | None:
         """The reply stored for a message row, if any."""
@@ -447,7 +462,32 @@ def _kept(r: tuple[Any, ...], decoded: Kept[tuple[Any, ...], MessageRow]) -> Mes
     return row if row is not None else decoded.put(r[0], key, _message_row(r))
 
 
-def _begin_turn(conn: sqlite3.Connection, m: TurnMessage, decoded: Kept[tuple[Any, ...], MessageRow]) -> TurnRows:
+def _keep_inserted(
+    decoded: Kept[tuple[Any, ...], MessageRow],
+    inserted: list[int],
+    row_id: int,
+    created_at: str,
+    until: str | None,
+    fields: tuple[Any, ...],
+    said_at: str,
+    is_agent: bool,
+    reply_to: int | None,
+) -> None:
+    """Keep a row just inserted as reading it back would make it, so the next turn's history need not read it.
+
+    ``fields`` are its first six columns after the id, as bound; the times are the texts
+    bound, decoded as a read decodes them (``tests/gateway/test_hot_store.py`` holds the
+    row kept to the row read back). Its id goes on ``inserted``: should the transaction
+    not commit, the caller forgets it (the id may be given to another row).
+    """
+    row = MessageRow(row_id, *fields, decode_time(said_at), bool(is_agent), reply_to, decode_time(until))  # type: ignore[call-arg]
+    decoded.put(row_id, (row_id, created_at, until), row)
+    inserted.append(row_id)
+
+
+def _begin_turn(
+    conn: sqlite3.Connection, m: TurnMessage, decoded: Kept[tuple[Any, ...], MessageRow], inserted: list[int]
+) -> TurnRows:
     key = (m.channel, m.conversation_id, m.thread_id)
     row = conn.execute(sql.FIND_SESSION, key).fetchone()
     if row is None:
@@ -455,6 +495,8 @@ def _begin_turn(conn: sqlite3.Connection, m: TurnMessage, decoded: Kept[tuple[An
         conn.execute(sql.NEW_SESSION, (m.new_session_id, *key, m.parent_conversation_id, now, now))
         row = conn.execute(sql.FIND_SESSION, key).fetchone()
     session_id, previous = row
+    said_at, created_at = encode_time(m.said_at), encode_time(m.now)
+    until = None if m.answering_until is None else encode_time(m.answering_until)
     found = conn.execute(
         sql.NEW_MESSAGE,
         (
@@ -464,10 +506,10 @@ def _begin_turn(conn: sqlite3.Connection, m: TurnMessage, decoded: Kept[tuple[An
             m.stored_role,
             m.display_name,
             m.text,
-            encode_time(m.said_at),
-            encode_time(m.now),
+            said_at,
+            created_at,
             int(m.reply_requested),
-            None if m.answering_until is None else encode_time(m.answering_until),
+            until,
         ),
     ).fetchone()
     resumed = False
@@ -482,6 +524,11 @@ def _begin_turn(conn: sqlite3.Connection, m: TurnMessage, decoded: Kept[tuple[An
         new_id, resumed = old_id, True
     else:
         new_id = found[0]
+        _keep_inserted(
+            decoded, inserted, new_id, created_at, until,
+            (session_id, m.platform_message_id, m.speaker_user_id, m.stored_role, m.display_name, m.text),
+            said_at, False, None,
+        )  # fmt: skip
     at = (session_id, new_id, m.history_limit)
     keys = conn.execute(sql.HISTORY_KEYS, at).fetchall()
     rows = _kept_rows(conn, keys, lambda: conn.execute(sql.KEYED_HISTORY, at).fetchall(), decoded)
@@ -491,24 +538,15 @@ def _begin_turn(conn: sqlite3.Connection, m: TurnMessage, decoded: Kept[tuple[An
     return TurnRows(session_id, previous, new_id, rows, resumed=resumed)
 
 
-def _store_message(conn: sqlite3.Connection, m: NewMessage) -> tuple[int, int | None] | None:
-    found = conn.execute(
-        sql.STORE,
-        (
-            m.session_id,
-            m.platform_message_id,
-            m.speaker_user_id,
-            m.stored_role,
-            m.display_name,
-            m.text,
-            encode_time(m.said_at),
-            int(m.is_agent),
-            encode_time(m.created_at),
-            m.reply_to,
-        ),
-    ).fetchone()
+def _store_message(
+    conn: sqlite3.Connection, m: NewMessage, decoded: Kept[tuple[Any, ...], MessageRow], inserted: list[int]
+) -> tuple[int, int | None] | None:
+    said_at, created_at = encode_time(m.said_at), encode_time(m.created_at)
+    fields = (m.session_id, m.platform_message_id, m.speaker_user_id, m.stored_role, m.display_name, m.text)
+    found = conn.execute(sql.STORE, (*fields, said_at, int(m.is_agent), created_at, m.reply_to)).fetchone()
     if found is None:
         return None
+    _keep_inserted(decoded, inserted, found[0], created_at, None, fields, said_at, m.is_agent, m.reply_to)
     record_id = None
     if (r := m.record) is not None:
         (record_id,) = conn.execute(

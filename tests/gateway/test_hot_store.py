@@ -25,8 +25,8 @@ import gateway.sessions
 import memory.store
 from gateway.db import make_engine, upgrade
 from gateway.explain import TurnExplanation
-from gateway.hotstore import hot_store
-from gateway.hotstore.sqlite import decode_time, encode_time
+from gateway.hotstore import hot_store, sql
+from gateway.hotstore.sqlite import _message_row, decode_time, encode_time
 from gateway.models import Heartbeat, Job, Message, TurnRecord
 from gateway.sessions import SessionKey, SessionStore
 from gateway.write_health import storage_reason
@@ -198,15 +198,27 @@ async def test_a_row_id_given_again_after_a_delete_is_read_afresh(engine: AsyncE
         assert start.stored.id == gone.stored.id  # the id was given again: what this test is about
 
 
+@pytest.fixture
+async def other_engine(engine: AsyncEngine) -> Any:
+    """A second engine on the same database: its hot store keeps nothing of the first's, as another process's."""
+    other = make_engine(engine.url.render_as_string(hide_password=False))
+    try:
+        yield other
+    finally:
+        await other.dispose()
+
+
 @pytest.mark.parametrize("written", [3, 12], ids=["a few rows new", "many rows new"])
-async def test_history_kept_and_new_rows_come_in_order(engine: AsyncEngine, clock: Clock, written: int) -> None:
+async def test_history_kept_and_new_rows_come_in_order(
+    engine: AsyncEngine, other_engine: AsyncEngine, clock: Clock, written: int
+) -> None:
     # Rows this store has kept and rows another process wrote since (read one by one when few,
     # all at once when many) make one history, oldest first, each row whole.
     store = SessionStore(engine, clock=clock)
     for i in range(4):
         clock.advance(seconds=1)
         await begin(store, f"a{i}", f"kept {i}", reply_requested=False)
-    other = SessionStore(engine, clock=clock)  # another process's store
+    other = SessionStore(other_engine, clock=clock)
     for i in range(written):
         clock.advance(seconds=1)
         await begin(other, f"b{i}", f"new {i}", reply_requested=False)
@@ -216,6 +228,58 @@ async def test_history_kept_and_new_rows_come_in_order(engine: AsyncEngine, cloc
     assert [m.text for m in start.history] == expected
     assert [m.platform_message_id for m in start.history][-2:] == [f"b{written - 1}", "c"]
     assert all(m.display_name == "Alice" and m.speaker_user_id == "u_alice" for m in start.history)
+
+
+async def test_a_row_kept_from_its_insert_is_the_row_read_back(
+    engine: AsyncEngine, other_engine: AsyncEngine, clock: Clock
+) -> None:
+    # The SQLite store keeps the rows it inserts (a message, its reply) as it would decode them
+    # from the database: the history from this store and from another process's, which reads
+    # every row whole, must be equal, field by field.
+    store = SessionStore(engine, clock=clock)
+    clock.now = clock.now.replace(microsecond=123456)
+    first = await begin(store, "m1", "first words, with 'quotes' and \u00e9")
+    await reply(store, first.session_id, "m1", first.stored.id)
+    clock.advance(seconds=1)
+    leased = await begin(store, "m2", "not answered yet")  # its lease (answering_until) is set
+    clock.advance(seconds=1)
+    here = await begin(store, "m3", "third", reply_requested=False)
+    assert leased.stored.id in [m.id for m in here.history] and len(here.history) == 4
+    async with other_engine.connect() as conn:  # read whole by the other engine's connection
+        rows = (await conn.execute(select(Message).order_by(Message.id))).all()
+    assert [(m.id, m.text, m.said_at, m.is_agent, m.display_name, m.stored_role) for m in here.history] == [
+        (r.id, r.text, r.said_at, r.is_agent, r.display_name, r.stored_role) for r in rows
+    ]
+    if engine.dialect.name == "sqlite":  # every row kept, each equal to the row decoded from the database
+        kept = hot_store(engine)._decoded  # type: ignore[attr-defined]
+        async with other_engine.connect() as conn:
+            whole = (await conn.exec_driver_sql(sql.KEYED_LIVE, (first.session_id,))).all()
+        assert len(whole) == 4
+        assert [kept.get(r[0], (r[0], r[11], r[10])) for r in whole] == [_message_row(tuple(r)) for r in whole]
+
+
+async def test_a_row_kept_from_an_insert_that_rolled_back_is_forgotten(
+    sqlite_url: str, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SQLite: a turn whose transaction fails after its insert leaves no row, and its id is given
+    # to the next insert, here another process's at the same instant (this clock stands still):
+    # only forgetting the row kept from the failed insert keeps that message's own text.
+    engine, other_engine = make_engine(sqlite_url), make_engine(sqlite_url)
+    try:
+        await upgrade(engine)
+        store, other = SessionStore(engine, clock=clock), SessionStore(other_engine, clock=clock)
+        await begin(store, "m1", "first words", reply_requested=False)
+        monkeypatch.setattr(sql, "HISTORY_KEYS", "SELECT no_such_column FROM messages")
+        with pytest.raises(Exception, match="no_such_column"):
+            await begin(store, "m2", "rolled back", reply_requested=False)
+        monkeypatch.undo()
+        await begin(other, "m3", "another process's message", reply_requested=False)
+        start = await begin(store, "m4", "last", reply_requested=False)
+        assert [m.text for m in start.history] == ["first words", "another process's message", "last"]
+        assert start.history[1].id == 2  # the id the failed insert had: what this test is about
+    finally:
+        await engine.dispose()
+        await other_engine.dispose()
 
 
 async def test_a_trim_reads_the_live_rows_as_they_are_now(engine: AsyncEngine, clock: Clock) -> None:
