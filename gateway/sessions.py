@@ -506,6 +506,14 @@ class SessionStore:
         row = await self._hot.claim_job(worker_id, tuple(kinds), now, now - timedelta(seconds=lease_s))
         return None if row is None else Job(**row._asdict())
 
+    async def finish_and_claim_job(
+        self, job_id: int, worker_id: str, *, kinds: Sequence[str] = ("extract",), lease_s: float = 30
+    ) -> Job | None:
+        """Mark a job done and claim the next runnable one, as ``claim_job`` (the SQLite store: one transaction)."""
+        now = self.now()
+        row = await self._hot.finish_and_claim(job_id, worker_id, tuple(kinds), now, now - timedelta(seconds=lease_s))
+        return None if row is None else Job(**row._asdict())
+
     async def finish_job(self, job_id: int, s: AsyncSession | None = None) -> None:
         """Mark a job done (inside the caller's transaction when given)."""
         if s is None:

@@ -80,14 +80,17 @@ class JobWorker:
         self.report: Callable[[str, str], None] | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._next: Job | None = None  # claimed when the last job was finished: run_once runs it next
 
     def wake(self) -> None:
         """Look for work now (called after a trim)."""
         self._wake.set()
 
     async def run_once(self) -> bool:
-        """Claim and run one job; False when there was none."""
-        job = await self.sessions.claim_job(self.worker_id, kinds=tuple(self.handlers), lease_s=self.lease_s)
+        """Claim and run one job (or the one claimed as the last was finished); False when there was none."""
+        job, self._next = self._next, None
+        if job is None:
+            job = await self.sessions.claim_job(self.worker_id, kinds=tuple(self.handlers), lease_s=self.lease_s)
         if job is None:
             return False
         handler = self.handlers[job.kind]
@@ -119,7 +122,12 @@ class JobWorker:
         if job.kind in self.forget_done:
             await forget_job(self.sessions, job.id)
         else:
-            await self.sessions.finish_job(job.id)
+            # The next job is claimed as this one is finished (one write instead of two); the next
+            # call runs it at once, with nothing awaited in between, so it is never left claimed and
+            # idle (a cancellation lands in its handler, as for any running job: lease, then retry).
+            self._next = await self.sessions.finish_and_claim_job(
+                job.id, self.worker_id, kinds=tuple(self.handlers), lease_s=self.lease_s
+            )
         self._count(job.kind, "done")
         return True
 

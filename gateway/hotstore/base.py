@@ -215,6 +215,13 @@ class HotStore(abc.ABC):
     async def finish_job(self, job_id: int, now: datetime) -> None:
         """Mark a job done."""
 
+    async def finish_and_claim(
+        self, job_id: int, worker_id: str, kinds: Sequence[str], now: datetime, stale_before: datetime
+    ) -> JobRow | None:
+        """Mark a job done, then claim the next as ``claim_job`` does (the SQLite store: in one transaction)."""
+        await self.finish_job(job_id, now)
+        return await self.claim_job(worker_id, kinds, now, stale_before)
+
     @abc.abstractmethod
     async def archive_messages(self, archive_id: str) -> list[MessageRow]:
         """The messages of one trimmed slice, oldest first."""

@@ -161,6 +161,14 @@ def _message_row(r: tuple[Any, ...]) -> MessageRow:
     return MessageRow(*r[:7], decode_time(r[7]), bool(r[8]), r[9], decode_time(r[10]))  # type: ignore[call-arg]
 
 
+def _take_job(
+    conn: sqlite3.Connection, worker_id: str, at: str, job_id: int, status: str, attempts: int
+) -> JobRow | None:
+    """Claim a job found runnable, compare-and-set on its status and attempts (None: taken meanwhile)."""
+    row = conn.execute(sql.CLAIM_JOB, (worker_id, at, job_id, status, attempts)).fetchone()
+    return None if row is None else _job_row(row)
+
+
 def _job_row(r: tuple[Any, ...]) -> JobRow:
     # sql.JOB_COLUMNS: id, kind, payload, status, attempts, run_after, locked_by, locked_at, last_error,
     # raw_answer, created_at, finished_at
@@ -336,18 +344,13 @@ class SQLiteHotStore(HotStore):
         worker claimed in between is not claimed twice (the update matches no row).
         """
         find = (sql.next_job(len(kinds)), (*kinds, encode_time(now), encode_time(stale_before)))
-        claim = sql.CLAIM_JOB
         at = encode_time(now)
 
         def look(conn: sqlite3.Connection) -> tuple[int, str, int] | None:
             return conn.execute(*find).fetchone()
 
-        def take(conn: sqlite3.Connection, job_id: int, status: str, attempts: int) -> JobRow | None:
-            row = conn.execute(claim, (worker_id, at, job_id, status, attempts)).fetchone()
-            return None if row is None else _job_row(row)
-
         while (found := await self._run(look, write=False)) is not None:
-            claimed = await self._run(lambda conn: take(conn, *found), write=True)
+            claimed = await self._run(lambda conn: _take_job(conn, worker_id, at, *found), write=True)
             if claimed is not None:
                 return claimed
         return None
@@ -355,6 +358,25 @@ class SQLiteHotStore(HotStore):
     async def finish_job(self, job_id: int, now: datetime) -> None:
         """Mark a job done."""
         await self._run(lambda conn: conn.execute(sql.FINISH_JOB, (encode_time(now), job_id)), write=True)
+
+    async def finish_and_claim(
+        self, job_id: int, worker_id: str, kinds: Sequence[str], now: datetime, stale_before: datetime
+    ) -> JobRow | None:
+        """Mark a job done and claim the next runnable one in the same write transaction.
+
+        A job process working through a queue took the write lock twice between jobs
+        (the finish, then the claim), and a turn that met either waited for the
+        release: once instead. With nothing runnable it commits the finish alone.
+        """
+        at = encode_time(now)
+        find = (sql.next_job(len(kinds)), (*kinds, at, encode_time(stale_before)))
+
+        def body(conn: sqlite3.Connection) -> JobRow | None:
+            conn.execute(sql.FINISH_JOB, (at, job_id))
+            found = conn.execute(*find).fetchone()
+            return None if found is None else _take_job(conn, worker_id, at, *found)
+
+        return await self._run(body, write=True)
 
     async def archive_messages(self, archive_id: str) -> list[MessageRow]:
         """The messages of one trimmed slice, oldest first."""

@@ -559,6 +559,31 @@ async def test_each_job_is_claimed_once_across_processes_and_reads_back_as_store
         await other_engine.dispose()
 
 
+async def test_finishing_a_job_claims_the_next_once_and_the_last_finishes_alone(
+    engine: AsyncEngine, db_url: str, clock: Clock
+) -> None:
+    store = SessionStore(engine, clock=clock)
+    for i in range(3):
+        await _trimmed(store, f"conv-{i}")
+    other_engine = make_engine(db_url)  # another process's worker, claiming at the same time
+    try:
+        other = SessionStore(other_engine, clock=clock)
+        first = await store.claim_job("w1", lease_s=60)
+        taken = await other.claim_job("w2", lease_s=60)  # the second job: the other worker's
+        assert first is not None and taken is not None
+        clock.advance(seconds=1)
+        nxt = await store.finish_and_claim_job(first.id, "w1", lease_s=60)
+        assert nxt is not None and nxt.id not in (first.id, taken.id)  # the third: never the other's
+        assert (nxt.status, nxt.locked_by, nxt.attempts, nxt.locked_at) == ("running", "w1", 1, clock.now)
+        assert await store.finish_and_claim_job(nxt.id, "w1", kinds=("revise",), lease_s=60) is None  # kinds
+        assert await other.finish_and_claim_job(taken.id, "w2", lease_s=60) is None  # nothing left: finished alone
+        done = await store.jobs(status="done")
+        assert sorted(j.id for j in done) == sorted((first.id, taken.id, nxt.id))
+        assert all(j.finished_at == clock.now and j.last_error is None for j in done)
+    finally:
+        await other_engine.dispose()
+
+
 async def test_a_job_not_yet_due_is_not_claimed(engine: AsyncEngine, clock: Clock) -> None:
     store = SessionStore(engine, clock=clock)
     await _trimmed(store, "conv-due")

@@ -1,0 +1,81 @@
+"""The job worker through a queue: each job finished claims the next, and every job runs once, in order."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.db import make_engine
+from gateway.models import Job
+from gateway.sessions import SessionKey, SessionStore
+from gateway.worker import JobWorker
+from pairing.principal import Principal, Role
+from tests.conftest import Clock
+
+ALICE = Principal.human("u_alice", Role.USER, "Alice")
+
+
+async def _queue(sessions: SessionStore, n: int) -> list[int]:
+    """``n`` extraction jobs, each a trim's, oldest first."""
+    ids = []
+    for c in range(n):
+        sid = await sessions.session_id(SessionKey("api", f"queue-{c}"))
+        for i in range(3):
+            await sessions.store_message(
+                sid, platform_message_id=f"m{i}", speaker=ALICE, display_name="A", text="x", said_at=sessions.now()
+            )
+        trim = await sessions.trim(sid, max_messages=2, keep_messages=1, turn_principal=ALICE, trust_of=lambda _: "u")
+        assert trim is not None
+        ids.append(trim.job_id)
+    return ids
+
+
+async def test_a_queue_runs_in_order_each_job_once_a_failure_retried(engine: AsyncEngine, clock: Clock) -> None:
+    sessions = SessionStore(engine, clock=clock)
+    ids = await _queue(sessions, 4)
+    ran: list[int] = []
+
+    async def handler(job: Job) -> None:
+        ran.append(job.id)
+        if job.id == ids[1] and job.attempts == 1:
+            raise RuntimeError("the model timed out")
+
+    worker = JobWorker(sessions, {"extract": handler}, base_delay_s=5)
+    assert await worker.drain() == 4
+    assert ran == ids  # the failed one did not stop the queue behind it
+    jobs = {j.id: j for j in await sessions.jobs()}
+    assert [jobs[i].status for i in ids] == ["done", "pending", "done", "done"]
+    assert jobs[ids[1]].attempts == 1 and jobs[ids[1]].last_error == "RuntimeError: the model timed out"
+    assert await worker.drain() == 0  # the retry is not due yet
+    clock.advance(seconds=6)
+    assert await worker.drain() == 1
+    assert ran == [*ids, ids[1]]
+    assert {j.status for j in await sessions.jobs()} == {"done"}
+
+
+async def test_two_workers_on_one_queue_run_each_job_exactly_once(
+    engine: AsyncEngine, db_url: str, clock: Clock
+) -> None:
+    sessions = SessionStore(engine, clock=clock)
+    ids = await _queue(sessions, 12)
+    other_engine = make_engine(db_url)  # the second worker is another process's
+    try:
+        other = SessionStore(other_engine, clock=clock)
+        ran: list[tuple[str, int]] = []
+
+        def handler(name: str):  # type: ignore[no-untyped-def]
+            async def run(job: Job) -> None:
+                ran.append((name, job.id))
+                await asyncio.sleep(0)  # let the other worker claim meanwhile
+
+            return run
+
+        a = JobWorker(sessions, {"extract": handler("a")})
+        b = JobWorker(other, {"extract": handler("b")})
+        counts = await asyncio.gather(a.drain(), b.drain())
+        assert sum(counts) == 12
+        assert sorted(job_id for _, job_id in ran) == ids  # each once
+        assert {j.status for j in await sessions.jobs()} == {"done"}
+    finally:
+        await other_engine.dispose()
