@@ -31,7 +31,11 @@ config.yaml:
 run: $(RUN_STAMP) $(CONFIG)
 	$(BIN)/goclaw serve --config $(CONFIG)
 
+# The browser tests drive Debian's Chromium (Playwright's own download cannot work here).
 test: $(DEV_STAMP)
+	test -x /usr/bin/chromium || ! command -v apt-get >/dev/null \
+		|| (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+		|| echo "warning: could not install chromium; the browser tests will say so" >&2
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q

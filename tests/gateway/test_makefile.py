@@ -35,6 +35,7 @@ def test_make_run_installs_runtime_only_and_serves_config_yaml(clone: Path) -> N
 def test_make_test_installs_the_dev_extra(clone: Path) -> None:
     recipe = make(clone, "-n", "test")
     assert "pip install -q -e '.[dev]'" in recipe
+    assert "apt-get install -y -qq chromium" in recipe  # the browser tests' Chromium, where it is missing
     assert "pytest -q" in recipe
 
 
