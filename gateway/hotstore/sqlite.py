@@ -299,26 +299,24 @@ class SQLiteHotStore(HotStore):
 
     async def begin_turn(self, m: TurnMessage) -> TurnRows:
         """Find or create the session, store the message once, read the history: one transaction."""
-        inserted: list[int] = []
-        try:
-            return await self._run(lambda conn: _begin_turn(conn, m, self._decoded, inserted), write=True)
-        except BaseException:
-            self._forget(inserted)
-            raise
+        return await self._inserting(lambda conn, inserted: _begin_turn(conn, m, self._decoded, inserted))
 
     async def store_message(self, m: NewMessage) -> tuple[int, int | None] | None:
         """Insert a message and its turn record in one transaction; None if it was stored before."""
+        return await self._inserting(lambda conn, inserted: _store_message(conn, m, self._decoded, inserted))
+
+    async def _inserting(self, body: Callable[[sqlite3.Connection, list[int]], T]) -> T:
+        """A write whose inserted rows are kept (``_keep_inserted``), and forgotten if it does not commit.
+
+        A transaction that does not commit leaves its rowids to be given again.
+        """
         inserted: list[int] = []
         try:
-            return await self._run(lambda conn: _store_message(conn, m, self._decoded, inserted), write=True)
+            return await self._run(lambda conn: body(conn, inserted), write=True)
         except BaseException:
-            self._forget(inserted)
+            for row_id in inserted:
+                self._decoded.drop(row_id)
             raise
-
-    def _forget(self, inserted: list[int]) -> None:
-        """Rows kept from their insert in a transaction that did not commit: their ids may be given again."""
-        for row_id in inserted:
-            self._decoded.drop(row_id)
 
     async def stored_reply(self, message_row_id: int) -> str | None:
         """The reply stored for a message row, if any."""
