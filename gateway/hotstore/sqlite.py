@@ -161,6 +161,11 @@ def _message_row(r: tuple[Any, ...]) -> MessageRow:
     return MessageRow(*r[:7], decode_time(r[7]), bool(r[8]), r[9], decode_time(r[10]))  # type: ignore[call-arg]
 
 
+def _runnable_job(kinds: Sequence[str], at: str, stale_before: datetime) -> tuple[str, tuple[Any, ...]]:
+    """The look for the oldest runnable job of ``kinds`` (``sql.next_job``) with its parameters."""
+    return sql.next_job(len(kinds)), (*kinds, at, encode_time(stale_before))
+
+
 def _take_job(
     conn: sqlite3.Connection, worker_id: str, at: str, job_id: int, status: str, attempts: int
 ) -> JobRow | None:
@@ -341,8 +346,8 @@ class SQLiteHotStore(HotStore):
         An idle worker's look finds nothing and takes no write lock; a job another
         worker claimed in between is not claimed twice (the update matches no row).
         """
-        find = (sql.next_job(len(kinds)), (*kinds, encode_time(now), encode_time(stale_before)))
         at = encode_time(now)
+        find = _runnable_job(kinds, at, stale_before)
 
         def look(conn: sqlite3.Connection) -> tuple[int, str, int] | None:
             return conn.execute(*find).fetchone()
@@ -367,7 +372,7 @@ class SQLiteHotStore(HotStore):
         release: once instead. With nothing runnable it commits the finish alone.
         """
         at = encode_time(now)
-        find = (sql.next_job(len(kinds)), (*kinds, at, encode_time(stale_before)))
+        find = _runnable_job(kinds, at, stale_before)
 
         def body(conn: sqlite3.Connection) -> JobRow | None:
             conn.execute(sql.FINISH_JOB, (at, job_id))
@@ -495,12 +500,12 @@ def _keep_inserted(
 ) -> None:
     """Keep a row just inserted as reading it back would make it, so the next turn's history need not read it.
 
-    ``fields`` are its first six columns after the id, as bound; the times are the texts
-    bound, decoded as a read decodes them (``tests/gateway/test_hot_store.py`` holds the
-    row kept to the row read back). Its id goes on ``inserted``: should the transaction
+    ``fields`` are its first six columns after the id, as bound; the row is made by the
+    read path's own ``_message_row`` from the values bound (``tests/gateway/test_hot_store.py``
+    holds the row kept to the row read back). Its id goes on ``inserted``: should the transaction
     not commit, the caller forgets it (the id may be given to another row).
     """
-    row = MessageRow(row_id, *fields, decode_time(said_at), bool(is_agent), reply_to, decode_time(until))  # type: ignore[call-arg]
+    row = _message_row((row_id, *fields, said_at, is_agent, reply_to, until))
     decoded.put(row_id, (row_id, created_at, until), row)
     inserted.append(row_id)
 
