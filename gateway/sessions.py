@@ -13,7 +13,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.db import dialect_insert
 from gateway.hotstore import hot_store
-from gateway.hotstore.base import MessageRow, NewMessage, TrimSession, TrimWrite, TurnMessage, TurnRecordRow
+from gateway.hotstore.base import (
+    MessageRow,
+    NewMessage,
+    TrimSession,
+    TrimWrite,
+    TurnMessage,
+    TurnRecordRow,
+    new_session_id,
+)
 from gateway.kept import Kept
 from gateway.models import Archive, Job, Message, Session
 from gateway.ordering import ANSWER_LEASE_S, Blocker, earlier_in_answer, in_answer_order, lease_until
@@ -208,7 +216,7 @@ class SessionStore:
             stmt = (
                 self._insert(Session)
                 .values(
-                    id="s_" + secrets.token_hex(8),
+                    id=new_session_id(),
                     channel=key.channel,
                     conversation_id=key.conversation_id,
                     thread_id=key.thread_id or "",
@@ -261,7 +269,6 @@ class SessionStore:
                 conversation_id=key.conversation_id,
                 thread_id=key.thread_id or "",
                 parent_conversation_id=key.parent_conversation_id,
-                new_session_id="s_" + secrets.token_hex(8),
                 platform_message_id=platform_message_id,
                 speaker_user_id=speaker.user_id,
                 stored_role=speaker.stored_role,

@@ -29,6 +29,7 @@ from gateway.hotstore.base import (
     TurnMessage,
     TurnRows,
     crash_point,
+    new_session_id,
 )
 from gateway.hotstore.pgpool import ConnectionPool
 from gateway.hotstore.sql import numbered
@@ -192,7 +193,7 @@ class PostgresHotStore(HotStore):
             row = await conn.fetchrow(_FIND_SESSION, *key)
             if row is None:
                 now = _aware(m.now)
-                await conn.execute(_NEW_SESSION, m.new_session_id, *key, m.parent_conversation_id, now, now)
+                await conn.execute(_NEW_SESSION, new_session_id(), *key, m.parent_conversation_id, now, now)
                 row = await conn.fetchrow(_FIND_SESSION, *key)
             session_id, previous = row[0], row[1]
             new_id = await conn.fetchval(_NEW_MESSAGE, session_id, *_message_values(m))

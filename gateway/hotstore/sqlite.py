@@ -42,6 +42,8 @@ from gateway.hotstore.base import (
     TurnMessage,
     TurnRows,
     crash_point,
+    json_text,
+    new_session_id,
 )
 from gateway.kept import Kept
 
@@ -517,7 +519,7 @@ def _begin_turn(
     row = conn.execute(sql.FIND_SESSION, key).fetchone()
     if row is None:
         now = encode_time(m.now)
-        conn.execute(sql.NEW_SESSION, (m.new_session_id, *key, m.parent_conversation_id, now, now))
+        conn.execute(sql.NEW_SESSION, (new_session_id(), *key, m.parent_conversation_id, now, now))
         row = conn.execute(sql.FIND_SESSION, key).fetchone()
     session_id, previous = row
     said_at, created_at = encode_time(m.said_at), encode_time(m.now)
@@ -583,9 +585,9 @@ def _store_message(
                 encode_time(m.said_at),
                 r.speaker_user_id,
                 r.stored_role,
-                json.dumps(r.memory),
-                json.dumps(r.sections),
-                json.dumps(r.model_calls),
+                json_text(r.memory),
+                json_text(r.sections),
+                json_text(r.model_calls),
             ),
         ).fetchone()
     return found[0], record_id

@@ -88,6 +88,8 @@ def json_depth_problem(text: str, max_depth: int = MAX_JSON_DEPTH) -> str | None
     A scan of the raw text, before ``json.loads`` recurses into it. Strings are
     skipped whole, so brackets inside them do not count.
     """
+    if text.count("{") + text.count("[") <= max_depth:
+        return None  # fewer openers than the limit, strings included: no nesting can pass it (a chat body)
     depth = 0
     top_key: str | None = None
     last_string: str | None = None

@@ -690,7 +690,7 @@ async def test_on_postgres_a_turn_waits_for_the_disk_once_and_a_store_only_messa
             now = store.now()
             m = TurnMessage(
                 channel=KEY.channel, conversation_id=KEY.conversation_id, thread_id="", parent_conversation_id=None,
-                new_session_id="s_unused", platform_message_id="m2", speaker_user_id="u_alice", stored_role="user",
+                platform_message_id="m2", speaker_user_id="u_alice", stored_role="user",
                 display_name="Alice", text="again", said_at=now, now=now, history_limit=10,
                 reply_requested=reply_requested,
             )  # fmt: skip

@@ -140,6 +140,20 @@ async def test_brackets_inside_strings_do_not_count_as_nesting(web: Web) -> None
     assert status == 200 and answer["reply"]
 
 
+@pytest.mark.parametrize("extra_brackets_in_a_string", [0, 1, 40])
+def test_the_depth_limit_is_exact_whether_or_not_the_body_has_few_brackets(extra_brackets_in_a_string: int) -> None:
+    # A body with no more openers than the limit skips the scan; one with more is scanned. Either
+    # way 32 levels parse and 33 are refused, and brackets inside strings never count.
+    from gateway.web.validation import MAX_JSON_DEPTH, ApiError, parse_json
+
+    pad = '"' + "[" * extra_brackets_in_a_string + '"'
+    at_limit = "[" * (MAX_JSON_DEPTH - 1) + "{" + '"k": ' + pad + "}" + "]" * (MAX_JSON_DEPTH - 1)
+    assert parse_json(at_limit) is not None
+    over = "[" + at_limit + "]"
+    with pytest.raises(ApiError, match="nested more than 32 levels"):
+        parse_json(over)
+
+
 async def test_nul_in_session_path_is_400_not_a_database_error(web: Web) -> None:
     r = await web.http.get(f"{web.base}/v1/sessions/a%00b/messages", headers=web.auth())
     assert r.status == 400
