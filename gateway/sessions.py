@@ -28,6 +28,7 @@ from gateway.ordering import ANSWER_LEASE_S, Blocker, earlier_in_answer, in_answ
 from memory.archive_format import render_archive_markdown
 from memory.types import SliceMessage
 from pairing.principal import Principal, PrincipalKind, Role
+from pairing.store import PairingError
 
 if TYPE_CHECKING:
     from gateway.explain import TurnExplanation
@@ -82,6 +83,13 @@ class StoredMessage:
         }
 
 
+def _as_read(speaker: Principal, role: str | None) -> Principal:
+    """``speaker`` with the role ``begin_turn`` read for them (the same object when it has not changed)."""
+    if not speaker.from_users or role is None or speaker.stored_role == role or speaker.user_id is None:
+        return speaker
+    return Principal.human(speaker.user_id, Role(role), speaker.display_name, from_users=True)
+
+
 @dataclass(frozen=True, slots=True)
 class TurnStart:
     """The opening of a turn, read and written in one transaction."""
@@ -94,6 +102,17 @@ class TurnStart:
     resumed: bool = False  # ``stored`` was stored before but never answered: answer it now
     # Earlier messages another process is still answering (gateway/ordering.py): the turn waits for them.
     waiting_on: tuple[Blocker, ...] = ()
+    # Who the turn runs as: the speaker given, or (``Principal.from_users``) the same person with the
+    # role read where the message was stored, when it has changed since the speaker was read.
+    speaker: Principal | None = None
+
+
+class SpeakerGone(PairingError):
+    """A turn's speaker came from the users table and has no row there any more: nothing was stored."""
+
+    def __init__(self, user_id: str | None) -> None:
+        super().__init__(f"no user {user_id!r}: see 'goclaw users list'")
+        self.user_id = user_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,11 +299,15 @@ class SessionStore:
                 reply_requested=reply_requested,
                 # ordering: the lease of the turn that answers it, in the same insert.
                 answering_until=lease_until(self.now(), self.answer_lease_s) if reply_requested else None,
+                role_from_users=speaker.from_users and speaker.user_id is not None,
             )
         )
+        if start.speaker_gone:
+            raise SpeakerGone(speaker.user_id)
+        speaker = _as_read(speaker, start.speaker_role)
         session_id, previous, new_id = start.session_id, start.previous_context, start.message_id
         if new_id is None:
-            return TurnStart(session_id, None, [], previous, reply=start.reply)
+            return TurnStart(session_id, None, [], previous, reply=start.reply, speaker=speaker)
         # ordering: each reply right after its message (with several processes a reply may come after a later message).
         kept = self._stored
         history = [
@@ -295,8 +318,10 @@ class SessionStore:
         if start.resumed:
             current = next(m for m in history if m.id == new_id)
             history = [m for m in history if m.id != new_id] + [current]
-            return TurnStart(session_id, current, history, previous, resumed=True, waiting_on=waiting)
-        return TurnStart(session_id, history[-1] if history else None, history, previous, waiting_on=waiting)
+            return TurnStart(session_id, current, history, previous, resumed=True, waiting_on=waiting, speaker=speaker)
+        return TurnStart(
+            session_id, history[-1] if history else None, history, previous, waiting_on=waiting, speaker=speaker
+        )
 
     async def get_session(self, session_id: str) -> Session | None:
         """A session row."""

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
 
@@ -147,6 +147,9 @@ class TurnResult:
     used_memory: tuple[str, ...] = field(default=())
     turn_record_id: int | None = None  # the stored explanation of this turn (dashboard: explain a turn)
     model_calls: int = 0  # model requests this turn made (tool rounds included); SOP run history shows it
+    # Who the turn ran as: the request's principal, or the same person with the role read when their
+    # message was stored (``Principal.from_users``); a caller that keeps a principal keeps this one.
+    principal: Principal | None = None
 
 
 ChunkSink = Callable[[str], Awaitable[None]]
@@ -236,7 +239,7 @@ class TurnHandler:
             if trim_needed:
                 # The lock passes to the trim, which releases it: the session keeps its place.
                 self._waiting[key] += 1
-                task = asyncio.create_task(self._trim_after_reply(key, lock, result, req.principal))
+                task = asyncio.create_task(self._trim_after_reply(key, lock, result, result.principal or req.principal))
                 self._trims.add(task)
                 task.add_done_callback(self._trims.discard)
             else:
@@ -288,16 +291,19 @@ class TurnHandler:
             history_limit=self.config.session.max_messages + 2,
             reply_requested=req.reply,
         )
+        if start.speaker is not None and start.speaker is not req.principal:
+            # The role changed since the caller read it: the turn runs as the person is now.
+            req = replace(req, principal=start.speaker)
         session_id = start.session_id
         if start.stored is None:
             # An answered redelivery gets the stored reply again, never a second model call.
             log.info("session %s: message %s already handled; ignoring redelivery", session_id, req.message_id)
-            return TurnResult(session_id, start.reply, duplicate=True), False
+            return TurnResult(session_id, start.reply, duplicate=True, principal=req.principal), False
         if start.resumed:
             log.info(
                 "session %s: message %s was stored but never answered; answering it now", session_id, req.message_id
             )
-        result = TurnResult(session_id, None)
+        result = TurnResult(session_id, None, principal=req.principal)
         if not req.reply:
             return result, len(start.history) > self.config.session.max_messages or start.resumed
         # ordering (gateway/ordering.py): this turn's lease, and its place behind earlier messages elsewhere.
@@ -310,6 +316,7 @@ class TurnHandler:
                 start = await self.order.wait(start, history_limit=self.config.session.max_messages + 2)
             assert start.stored is not None
             result = await self._answer(session_id, req, start.stored, start.history, start.previous_context, on_chunk)
+            result.principal = req.principal
             failed = result.failed
         finally:
             await lease.end(clear=failed)

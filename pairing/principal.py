@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -46,11 +46,17 @@ class Principal:
     role: Role | None = None
     display_name: str = ""
     system_name: str | None = None
+    from_users: bool = field(default=False, compare=False)
+    """Read from the pairing store's users table: every turn reads the role again where it stores the
+    message (``gateway.sessions.SessionStore.begin_turn``), so a principal kept between turns (an open
+    WebSocket, ``goclaw chat --as``) never carries a role that has since changed."""
 
     @classmethod
-    def human(cls, user_id: str, role: Role, display_name: str = "") -> Principal:
+    def human(cls, user_id: str, role: Role, display_name: str = "", *, from_users: bool = False) -> Principal:
         """A paired person, with the role the pairing store holds for them."""
-        return cls(PrincipalKind.HUMAN, user_id=user_id, role=Role(role), display_name=display_name)
+        return cls(
+            PrincipalKind.HUMAN, user_id=user_id, role=Role(role), display_name=display_name, from_users=from_users
+        )
 
     @classmethod
     def unpaired(cls, display_name: str = "") -> Principal:

@@ -249,17 +249,18 @@ class PairingStore:
         if row is None:
             return None
         user_id, role, name = row
-        return Principal.human(user_id, Role(role), display_name or name)
+        return Principal.human(user_id, Role(role), display_name or name, from_users=True)
 
     async def principal_for_user(self, user_id: str) -> Principal:
         """The principal of a unified user id (API tokens, `goclaw chat --as`).
 
-        Read on every request, never cached: a role change takes effect at once.
+        Read here, and read again by every turn it speaks in (``Principal.from_users``): a role
+        change takes effect at the person's next message.
         """
         row = await self._roles.user_role(user_id)
         if row is None:
             raise PairingError(f"no user {user_id!r}: see 'goclaw users list'")
-        return Principal.human(user_id, Role(row[0]), row[1])
+        return Principal.human(user_id, Role(row[0]), row[1], from_users=True)
 
     # ---- pairing codes -------------------------------------------------------
 

@@ -376,6 +376,7 @@ def chat_command(
                         display_name=principal.display_name,
                     )
                 )
+                principal = result.principal or principal  # as the person is now (the role this turn read)
                 out.print(f"{cfg.agent.name}: ", style="bold", end="")
                 out.print(result.reply or "", markup=False, highlight=False)
             await gw.worker.drain()

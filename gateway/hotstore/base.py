@@ -12,6 +12,7 @@ SQLAlchemy uses (``tests/gateway/test_hot_store.py`` checks both ways).
 from __future__ import annotations
 
 import abc
+import json
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,12 +29,17 @@ BOOL = "bool"
 def json_text(value: Any) -> str:
     """A turn record's JSON value as text: ``orjson``'s compact form (a tenth of ``json.dumps``'s time).
 
-    Keys that are not strings are written as strings, as ``json.dumps`` writes them.
-    Imported at the first record: its import costs about 20 ms that start-up need not pay.
+    Keys that are not strings are written as strings, as ``json.dumps`` writes them; what
+    orjson will not write (a lone surrogate in text a person typed, an integer past 64 bits:
+    its error is a TypeError) is written by ``json.dumps``, as before. Imported at the first
+    record: its import costs about 20 ms that start-up need not pay.
     """
     import orjson
 
-    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        return json.dumps(value)
 
 
 def new_session_id() -> str:
@@ -59,6 +65,9 @@ class TurnMessage:
     history_limit: int
     reply_requested: bool
     answering_until: datetime | None = None  # the answer lease (gateway/ordering.py), set in the insert
+    # The speaker's role is the users table's, read where the message is stored: ``stored_role`` is then
+    # only what the caller last knew, and the message is stored with the role read (TurnRows.speaker_role).
+    role_from_users: bool = False
 
 
 class MessageRow(NamedTuple):
@@ -115,6 +124,8 @@ class TurnRows:
     rows: list[MessageRow]
     reply: str | None = None
     resumed: bool = False
+    speaker_role: str | None = None  # with ``role_from_users``: the role read in the same transaction
+    speaker_gone: bool = False  # with ``role_from_users``: the speaker has no users row; nothing was stored
 
 
 @dataclass(frozen=True, slots=True)

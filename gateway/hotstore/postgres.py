@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -69,15 +70,20 @@ _FINISH_JOB, _ARCHIVE_MESSAGES = numbered(sql.FINISH_JOB), numbered(sql.ARCHIVE_
 # delay (200 ms by default) and before any of those commits, could lose it, and then no reply was ever
 # sent for it. A message stored without asking for an answer waits for the disk on its own commit.
 _MESSAGE_COLUMNS = sql.MESSAGE_SELECT.removeprefix("SELECT ").removesuffix(" FROM messages")
+#
+# With $14 (``role_from_users``) the message is stored with the speaker's role as the users table holds it
+# in this statement's snapshot, and not at all if they have no row (the transaction below says so).
 _FIND_STORE_AND_READ = (
     "WITH s AS (SELECT id, previous_context FROM sessions WHERE channel = $1 AND conversation_id = $2"
-    " AND thread_id = $3), m AS (INSERT INTO messages (session_id, platform_message_id, speaker_user_id,"
+    " AND thread_id = $3), u AS (SELECT role FROM users WHERE id = $5 AND $14::boolean),"
+    " m AS (INSERT INTO messages (session_id, platform_message_id, speaker_user_id,"
     " stored_role, display_name, text, said_at, is_agent, created_at, reply_requested, answering_until)"
-    " SELECT s.id, $4::varchar, $5::varchar, $6::varchar, $7::varchar, $8::text, $9::timestamptz, FALSE,"
-    " $10::timestamptz, $11::boolean, $12::timestamptz FROM s"
+    " SELECT s.id, $4::varchar, $5::varchar, CASE WHEN $14::boolean THEN u.role ELSE $6::varchar END,"
+    " $7::varchar, $8::text, $9::timestamptz, FALSE, $10::timestamptz, $11::boolean, $12::timestamptz"
+    " FROM s LEFT JOIN u ON TRUE WHERE (NOT $14::boolean OR u.role IS NOT NULL)"
     # The commit waits for the disk only for a store-only message (one wait a turn, above); CASE
     # evaluates set_config only when the message is asked for an answer.
-    " WHERE CASE WHEN $11::boolean THEN set_config('synchronous_commit', 'off', true) = 'off' ELSE TRUE END"
+    " AND CASE WHEN $11::boolean THEN set_config('synchronous_commit', 'off', true) = 'off' ELSE TRUE END"
     " ON CONFLICT (session_id, is_agent, platform_message_id) DO NOTHING RETURNING " + _MESSAGE_COLUMNS + ")"
     " SELECT s.previous_context, m.* FROM s, m"
     " UNION ALL SELECT s.previous_context, h.* FROM s, LATERAL (SELECT " + _MESSAGE_COLUMNS + " FROM messages"
@@ -90,6 +96,7 @@ _STORE_WITH_RECORD = (
     " SELECT $1::varchar, $11::varchar, $2::varchar, $12::timestamptz, $13::varchar, $14::varchar, $15::json,"
     " $16::json, $17::json FROM m RETURNING id) SELECT m.id, (SELECT id FROM t) FROM m"
 )
+_SPEAKER_ROLE = "SELECT role FROM users WHERE id = $1"
 _MARK = "UPDATE messages SET archive_id = $1 WHERE id = ANY($2::integer[])"
 
 
@@ -179,17 +186,28 @@ class PostgresHotStore(HotStore):
         pool = await self._get_pool()
         key = (m.channel, m.conversation_id, m.thread_id)
         async with pool.acquire() as conn:
-            found = await conn.fetch(_FIND_STORE_AND_READ, *key, *_message_values(m), max(m.history_limit - 1, 0))
+            found = await conn.fetch(
+                _FIND_STORE_AND_READ, *key, *_message_values(m), max(m.history_limit - 1, 0), m.role_from_users
+            )
             if found:
                 # Newest first: the new row, then the older ones (each row: previous_context, then the columns).
                 rows = sorted((MessageRow(*r[1:]) for r in found), key=lambda r: r.id, reverse=True)
-                return TurnRows(rows[0].session_id, found[0][0], rows[0].id, rows[: m.history_limit])
+                new = rows[0]
+                return TurnRows(
+                    new.session_id, found[0][0], new.id, rows[: m.history_limit], speaker_role=new.stored_role
+                )
             return await self._begin_turn(conn, m, key)
 
     @staticmethod
     async def _begin_turn(conn: Any, m: TurnMessage, key: tuple[str, str, str]) -> TurnRows:
         """``begin_turn`` in one transaction: a new session, or a message stored before."""
         async with conn.transaction():
+            if m.role_from_users:
+                # The role the turn runs with, read in the transaction that stores its message.
+                role = await conn.fetchval(_SPEAKER_ROLE, m.speaker_user_id)
+                if role is None:
+                    return TurnRows("", "", None, [], speaker_gone=True)
+                m = replace(m, stored_role=role)
             row = await conn.fetchrow(_FIND_SESSION, *key)
             if row is None:
                 now = _aware(m.now)
@@ -202,7 +220,7 @@ class PostgresHotStore(HotStore):
                 old = await conn.fetchrow(_OLD_MESSAGE, session_id, m.platform_message_id)
                 reply = await conn.fetchval(_REPLY, old[0])
                 if reply is not None or not m.reply_requested:
-                    return TurnRows(session_id, previous, None, [], reply=reply)
+                    return TurnRows(session_id, previous, None, [], reply=reply, speaker_role=m.stored_role)
                 if not old[1]:
                     await conn.execute(_ASK_REPLY, old[0])
                 new_id, resumed = old[0], True
@@ -210,7 +228,7 @@ class PostgresHotStore(HotStore):
             if resumed and (not rows or rows[0][0] != new_id):
                 # Already trimmed into an archive: answer it with what is still live.
                 rows.insert(0, MessageRow(*await conn.fetchrow(_MESSAGE_BY_ID, new_id)))
-        return TurnRows(session_id, previous, new_id, rows, resumed=resumed)
+        return TurnRows(session_id, previous, new_id, rows, resumed=resumed, speaker_role=m.stored_role)
 
     async def store_message(self, m: NewMessage) -> tuple[int, int | None] | None:
         """Insert a message and its turn record in one statement (one commit); None if it was stored before."""

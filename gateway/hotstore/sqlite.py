@@ -515,6 +515,13 @@ def _keep_inserted(
 def _begin_turn(
     conn: sqlite3.Connection, m: TurnMessage, decoded: Kept[tuple[Any, ...], MessageRow], inserted: list[int]
 ) -> TurnRows:
+    role = m.stored_role
+    if m.role_from_users:
+        # The role the turn runs with, read in the transaction that stores its message.
+        speaker = conn.execute(sql.USER_ROLE, (m.speaker_user_id,)).fetchone()
+        if speaker is None:
+            return TurnRows("", "", None, [], speaker_gone=True)
+        role = speaker[0]
     key = (m.channel, m.conversation_id, m.thread_id)
     row = conn.execute(sql.FIND_SESSION, key).fetchone()
     if row is None:
@@ -530,7 +537,7 @@ def _begin_turn(
             session_id,
             m.platform_message_id,
             m.speaker_user_id,
-            m.stored_role,
+            role,
             m.display_name,
             m.text,
             said_at,
@@ -545,7 +552,7 @@ def _begin_turn(
         old_id, old_requested = conn.execute(sql.OLD_MESSAGE, (session_id, m.platform_message_id)).fetchone()
         reply = conn.execute(sql.REPLY, (old_id,)).fetchone()
         if reply is not None or not m.reply_requested:
-            return TurnRows(session_id, previous, None, [], reply=reply[0] if reply else None)
+            return TurnRows(session_id, previous, None, [], reply=reply[0] if reply else None, speaker_role=role)
         if not old_requested:
             conn.execute(sql.ASK_REPLY, (old_id,))
         new_id, resumed = old_id, True
@@ -553,7 +560,7 @@ def _begin_turn(
         new_id = found[0]
         _keep_inserted(
             decoded, inserted, new_id, created_at, until,
-            (session_id, m.platform_message_id, m.speaker_user_id, m.stored_role, m.display_name, m.text),
+            (session_id, m.platform_message_id, m.speaker_user_id, role, m.display_name, m.text),
             said_at, False, None,
         )  # fmt: skip
     at = (session_id, new_id, m.history_limit)
@@ -562,7 +569,7 @@ def _begin_turn(
     if resumed and (not rows or rows[0].id != new_id):
         # Already trimmed into an archive: answer it with what is still live.
         rows.insert(0, _kept(conn.execute(sql.KEYED_MESSAGE_BY_ID, (new_id,)).fetchone(), decoded))
-    return TurnRows(session_id, previous, new_id, rows, resumed=resumed)
+    return TurnRows(session_id, previous, new_id, rows, resumed=resumed, speaker_role=role)
 
 
 def _store_message(
@@ -582,7 +589,7 @@ def _store_message(
                 m.session_id,
                 r.message_id,
                 m.platform_message_id,
-                encode_time(m.said_at),
+                said_at,
                 r.speaker_user_id,
                 r.stored_role,
                 json_text(r.memory),

@@ -15,8 +15,8 @@ from aiohttp import WSMsgType, web
 
 from gateway.config import Config
 from gateway.metrics import Metrics
-from gateway.sessions import SessionKey, SessionStore
-from gateway.turn import TurnHandler, TurnRequest
+from gateway.sessions import SessionKey, SessionStore, SpeakerGone
+from gateway.turn import ChunkSink, TurnHandler, TurnRequest, TurnResult
 from gateway.web.api_error import ApiError
 from gateway.web.auth import SESSIONS, OperatorSessions, operator_nonce, operator_session, origin_middleware
 from gateway.web.tokens import metrics_refusal, tokens_match
@@ -42,6 +42,9 @@ class WebContext:
     channel_status: Callable[[], dict[str, str]] = field(default=lambda: {})
     extra_ready: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     write_health: WriteHealth | None = None  # built on the sessions' engine when not given
+    # An API user's principal as their last turn ran as it, by user id: a turn reads the role again where
+    # it stores its message (Principal.from_users), so the request that starts one need not read it first.
+    turn_principals: dict[str, Principal] = field(default_factory=dict)
 
 
 CTX = web.AppKey("goclaw_ctx", WebContext)
@@ -59,11 +62,15 @@ def operator_principal() -> Principal:
     return Principal.human(DASHBOARD_USER, Role.ADMIN, "Dashboard")
 
 
-async def authenticate(ctx: WebContext, token: str | None) -> tuple[Principal, str]:
+async def authenticate(ctx: WebContext, token: str | None, *, for_turn: bool = False) -> tuple[Principal, str]:
     """The principal of a bearer token and the channel its messages are stored under.
 
     API tokens map to unified users (their role comes from the pairing store);
-    the dashboard token is the operator, stored as user ``admin``.
+    the dashboard token is the operator, stored as user ``admin``. With ``for_turn``
+    (the request is a turn and nothing else) an API user's principal may be the one
+    their last turn ran as: the turn reads the role again in the transaction that
+    stores its message and runs as that (``SessionStore.begin_turn``), so no turn
+    runs with a role changed since. Anything else reads the role here.
     """
     cfg = ctx.config
     dash = cfg.server.dashboard_token
@@ -72,11 +79,39 @@ async def authenticate(ctx: WebContext, token: str | None) -> tuple[Principal, s
     if token:
         for api_user in cfg.server.api_users:
             if tokens_match(token, api_user.token):
+                if for_turn and (kept := ctx.turn_principals.get(api_user.user)) is not None:
+                    return kept, "api"
                 try:
-                    return await ctx.pairing.principal_for_user(api_user.user), "api"
+                    principal = await ctx.pairing.principal_for_user(api_user.user)
                 except PairingError:
-                    raise ApiError(403, f"this token's user {api_user.user} is not a known user") from None
+                    raise _unknown_user(api_user.user) from None
+                if for_turn:
+                    ctx.turn_principals[api_user.user] = principal
+                return principal, "api"
     raise ApiError(401, "missing or wrong token: send 'Authorization: Bearer TOKEN'")
+
+
+def _unknown_user(user_id: str | None) -> ApiError:
+    return ApiError(403, f"this token's user {user_id} is not a known user")
+
+
+def ran_as(ctx: WebContext, result: TurnResult) -> None:
+    """Keep the principal an API user's turn ran as, for their next turn's request (``authenticate``)."""
+    p = result.principal
+    if p is not None and p.from_users and p.user_id is not None and p.user_id in ctx.turn_principals:
+        ctx.turn_principals[p.user_id] = p
+
+
+async def run_turn(ctx: WebContext, req: TurnRequest, on_chunk: ChunkSink | None = None) -> TurnResult:
+    """``ctx.turns.handle``; a speaker who has no users row any more is a 403 (nothing was stored)."""
+    try:
+        result = await ctx.turns.handle(req, on_chunk=on_chunk)
+    except SpeakerGone as exc:
+        if exc.user_id is not None:
+            ctx.turn_principals.pop(exc.user_id, None)
+        raise _unknown_user(exc.user_id) from None
+    ran_as(ctx, result)
+    return result
 
 
 def _bearer(request: web.Request) -> str | None:
@@ -167,14 +202,15 @@ async def metrics(request: web.Request) -> web.Response:
 async def chat(request: web.Request) -> web.Response:
     """POST /v1/chat: one message in, the reply out."""
     ctx = request.app[CTX]
-    principal, channel = await authenticate(ctx, _bearer(request))
+    principal, channel = await authenticate(ctx, _bearer(request), for_turn=True)
     raw = await request.read()
     if len(raw) > ctx.config.server.max_message_chars * 4 + 4096:
         raise ApiError(
             413, f"the request is larger than server.max_message_chars ({ctx.config.server.max_message_chars})"
         )
     session, text, message_id = parse_chat(raw, ctx.config.server.max_message_chars)
-    result = await ctx.turns.handle(
+    result = await run_turn(
+        ctx,
         TurnRequest(
             key=_conversation(principal, channel, session),
             principal=principal,
@@ -182,7 +218,7 @@ async def chat(request: web.Request) -> web.Response:
             message_id=message_id or "api-" + secrets.token_hex(8),
             said_at=datetime.now(UTC),
             display_name=principal.display_name,
-        )
+        ),
     )
     assert ctx.write_health is not None
     ctx.write_health.succeeded()  # the message (and its reply) were stored
@@ -259,7 +295,8 @@ async def websocket(request: web.Request) -> web.StreamResponse:
 
         relay = _ChunkRelay(ws)
         try:
-            result = await ctx.turns.handle(
+            result = await run_turn(
+                ctx,
                 TurnRequest(
                     key=_conversation(principal, channel, session),
                     principal=principal,
@@ -270,6 +307,10 @@ async def websocket(request: web.Request) -> web.StreamResponse:
                 ),
                 on_chunk=relay.send,
             )
+        except ApiError as exc:  # the token's user is gone: this socket speaks for nobody now
+            await ws.send_json({"type": "error", "error": exc.message, "status": exc.status})
+            await ws.close()
+            break
         except Exception as exc:
             reason = storage_reason(exc)
             if reason is not None:
@@ -283,6 +324,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
                 break
             await ws.send_json({"type": "error", "error": "internal error; it has been logged", "status": 500})
             continue
+        principal = result.principal or principal  # as the person is now (the role read by this turn)
         reply_frame: dict[str, Any] = {
             "type": "reply",
             "session": session,

@@ -41,7 +41,7 @@ from aiohttp import web
 
 from gateway.prompt import estimate_tokens
 from gateway.turn import GatewayNotice, TurnRequest, TurnResult
-from gateway.web.app import CTX, ApiError, WebContext, _bearer, _conversation, authenticate
+from gateway.web.app import CTX, ApiError, WebContext, _bearer, _conversation, authenticate, run_turn
 from gateway.web.validation import MESSAGE_ID_RULE, check_message_id, parse_json
 from gateway.write_health import STORAGE_MESSAGE, storage_reason
 
@@ -140,10 +140,10 @@ def parse_completion_request(body: Any, *, model: str, max_chars: int) -> tuple[
     return last_user, stream, user.strip() if isinstance(user, str) else None
 
 
-async def _caller(request: web.Request) -> Any:
+async def _caller(request: web.Request, *, for_turn: bool = False) -> Any:
     ctx = request.app[CTX]
     try:
-        principal, channel = await authenticate(ctx, _bearer(request))
+        principal, channel = await authenticate(ctx, _bearer(request), for_turn=for_turn)
     except ApiError as exc:
         code = "invalid_api_key" if exc.status == 401 else "forbidden"
         raise OpenAIError(exc.status, exc.message, type_="invalid_request_error", code=code) from None
@@ -187,7 +187,7 @@ async def list_models(request: web.Request) -> web.Response:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/chat/completions: one turn of the token's user; the reply as a completion (or SSE)."""
     ctx = request.app[CTX]
-    principal = await _caller(request)
+    principal = await _caller(request, for_turn=True)
     try:
         # The one safe JSON reader every chat surface uses: bounded depth, no huge integers.
         body = parse_json(await request.read() or b"null")
@@ -213,7 +213,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     headers = {SESSION_HEADER: session}
     sse = _SseReply(request, completion_id, created, model_id(ctx), headers) if stream else None
     try:
-        result: TurnResult = await ctx.turns.handle(
+        result: TurnResult = await run_turn(
+            ctx,
             TurnRequest(
                 key=_conversation(principal, "api", session),
                 principal=principal,
@@ -224,6 +225,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             ),
             on_chunk=sse.delta if sse is not None else None,
         )
+    except ApiError as exc:  # the token's user is gone (nothing was stored): as a wrong key would be
+        raise OpenAIError(exc.status, exc.message, type_="invalid_request_error", code="forbidden") from None
     except Exception as exc:
         if sse is None or not sse.started:
             raise  # the status is still ours to choose (errors_middleware: 503 for storage, else 500)

@@ -124,6 +124,29 @@ async def test_the_reply_is_stored_once_with_its_turn_record(engine: AsyncEngine
     assert rec.speaker_user_id == "u_alice" and rec.at == clock.now
 
 
+@pytest.mark.parametrize(
+    "odd",
+    [{"why": "a lone surrogate \ud800 a person typed"}, {"n": 2**70}, {1: "a key that is a number"}],
+    ids=["surrogate", "big-integer", "number-key"],
+)
+async def test_a_turn_record_is_stored_whatever_its_explanation_holds(
+    engine: AsyncEngine, clock: Clock, odd: dict[Any, Any]
+) -> None:
+    store = SessionStore(engine, clock=clock)
+    start = await begin(store, "m1")
+    explanation = TurnExplanation(memory=[{"id": "m_1", **odd}], sections={"history": 3}, model_calls=odd)
+    stored = await store.store_message(
+        start.session_id, platform_message_id="m1:reply", speaker=None, display_name="agent", text="hi",
+        said_at=store.now(), is_agent=True, explanation=explanation, answers="m1", answered=ALICE,
+        reply_to=start.stored.id,
+    )  # fmt: skip
+    assert stored is not None
+    async with engine.connect() as conn:
+        record = (await conn.execute(select(TurnRecord).where(TurnRecord.id == stored.turn_record_id))).one()
+    as_read = {str(k): v for k, v in odd.items()}  # JSON keys are text
+    assert record.memory == [{"id": "m_1", **as_read}] and record.model_calls == as_read
+
+
 async def test_history_is_oldest_first_and_limited_to_the_newest(engine: AsyncEngine, clock: Clock) -> None:
     store = SessionStore(engine, clock=clock)
     for i in range(6):
@@ -356,6 +379,52 @@ async def test_the_role_read_sees_a_role_change_at_once(engine: AsyncEngine, rea
     seen = await pairing.resolve("discord", "42", "Bobby")
     assert seen is not None and seen.role is Role.ADMIN and seen.display_name == "Bobby"
     assert await pairing.resolve("discord", "43") is None
+
+
+async def test_a_turn_stores_and_runs_with_the_role_the_users_table_holds_when_it_is_stored(
+    engine: AsyncEngine, clock: Clock
+) -> None:
+    # Every begin_turn path: a new session (the transaction), an existing one (PostgreSQL's one
+    # statement), a message stored before; and a speaker with no row stores nothing.
+    pairing = PairingStore(engine)
+    bob = await pairing.principal_for_user((await pairing.add_user("Bob", "user")).id)
+    assert bob.from_users and bob.role is Role.USER
+    store = SessionStore(engine, clock=clock)
+
+    async def turn(mid: str, key: SessionKey = KEY, speaker: Principal = bob) -> Any:
+        return await store.begin_turn(
+            key, platform_message_id=mid, speaker=speaker, display_name="Bob", text=mid, said_at=store.now(),
+            history_limit=50,
+        )  # fmt: skip
+
+    first = await turn("m1")
+    assert first.speaker is bob and first.stored.stored_role == "user"
+    await pairing.set_role(bob.user_id, "admin", by="test")
+    second = await turn("m2")  # bob as read before the change
+    assert second.speaker.role is Role.ADMIN and second.speaker.user_id == bob.user_id and second.speaker.from_users
+    assert second.stored.stored_role == "admin"
+    assert [m.stored_role for m in await store.history(first.session_id)] == ["user", "admin"]
+    elsewhere = await turn("m3", SessionKey("web", "conv-new"))
+    assert elsewhere.speaker.role is Role.ADMIN and elsewhere.stored.stored_role == "admin"
+    again = await turn("m2")  # stored before, never answered: resumed, as the person is now
+    assert again.resumed and again.speaker.role is Role.ADMIN
+    # A principal not read from the users table (the operator's) is taken as given.
+    operator = Principal.human("admin", Role.ADMIN, "Dashboard")
+    assert (await turn("m4", speaker=operator)).speaker is operator
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql("DELETE FROM role_changes")
+        await conn.exec_driver_sql("DELETE FROM users")
+    count = await _messages(engine)
+    for mid, key in (("m5", KEY), ("m6", SessionKey("web", "conv-none"))):
+        with pytest.raises(gateway.sessions.SpeakerGone, match="no user"):
+            await turn(mid, key)
+    assert await _messages(engine) == count
+    assert await store.find_session(SessionKey("web", "conv-none")) is None
+
+
+async def _messages(engine: AsyncEngine) -> int:
+    async with engine.connect() as conn:
+        return int(await conn.scalar(select(func.count()).select_from(Message)) or 0)
 
 
 def _seed_rows(rng: random.Random, now: datetime) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
@@ -695,7 +764,7 @@ async def test_on_postgres_a_turn_waits_for_the_disk_once_and_a_store_only_messa
                 reply_requested=reply_requested,
             )  # fmt: skip
             async with conn.transaction():
-                rows = await conn.fetch(_FIND_STORE_AND_READ, "web", "conv-1", "", *_message_values(m), 9)
+                rows = await conn.fetch(_FIND_STORE_AND_READ, "web", "conv-1", "", *_message_values(m), 9, False)
                 assert [r["platform_message_id"] for r in rows][:1] == ["m2"] and rows[0][
                     "session_id"
                 ] == first.session_id
