@@ -152,3 +152,24 @@ def _terms_plainly(text: str) -> list[str]:
 def test_terms_are_the_words_of_two_letters_or_more_without_stopwords_and_plural_s(text: str) -> None:
     # The fast comprehension must give exactly the plain definition's terms, in order.
     assert terms(text) == _terms_plainly(text)
+
+
+def test_a_kept_line_is_used_only_for_the_view_it_was_made_from() -> None:
+    # Lines are kept by record id across turns; another store's record under the same id (another
+    # database in the same process), or the same record with another status, is rendered afresh.
+    from dataclasses import replace
+
+    from memory.render import _kept_line, _line
+    from memory.store import MemoryRecordView
+
+    view = MemoryRecordView(
+        id="m_same", scope="agent_notes", owner_user_id=None, subject="backup window", subject_key="backup window",
+        content="Backups run at 02:00", status="live", said_at=T0, recorded_at=T0, review_by=T0 + timedelta(days=90),
+        source="live", author_user_id="u_alice", author_role="admin", session_id=None, evidence=(), run_id=None,
+        superseded_by=None,
+    )  # fmt: skip
+    assert _kept_line(view) == _line(view)
+    other = replace(view, content="Backups run at 04:00", author_user_id="u_bob")
+    assert _kept_line(other) == _line(other) and "04:00" in _kept_line(other) and "u_bob" in _kept_line(other)
+    assert "02:00" in _kept_line(replace(other, content="Backups run at 02:00"))
+    assert _kept_line(replace(view, run_id="r_1")) == _line(replace(view, run_id="r_1"))
