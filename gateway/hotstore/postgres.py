@@ -96,7 +96,6 @@ _STORE_WITH_RECORD = (
     " SELECT $1::varchar, $11::varchar, $2::varchar, $12::timestamptz, $13::varchar, $14::varchar, $15::json,"
     " $16::json, $17::json FROM m RETURNING id) SELECT m.id, (SELECT id FROM t) FROM m"
 )
-_SPEAKER_ROLE = "SELECT role FROM users WHERE id = $1"
 _MARK = "UPDATE messages SET archive_id = $1 WHERE id = ANY($2::integer[])"
 
 
@@ -204,7 +203,7 @@ class PostgresHotStore(HotStore):
         async with conn.transaction():
             if m.role_from_users:
                 # The role the turn runs with, read in the transaction that stores its message.
-                role = await conn.fetchval(_SPEAKER_ROLE, m.speaker_user_id)
+                role = await conn.fetchval(_USER_ROLE, m.speaker_user_id)  # (role, display name): the role
                 if role is None:
                     return TurnRows("", "", None, [], speaker_gone=True)
                 m = replace(m, stored_role=role)
