@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # As in bench/turn_overhead.py: another tree's database is migrated and seeded by that tree's code.
 sys.path.insert(0, os.environ.get("GOCLAW_BENCH_SOURCE") or str(ROOT))
 
-from bench.turn_overhead import free_port, pct, wait_up
+from bench.turn_overhead import free_port, pct, share_text, wait_up
 
 PEER = textwrap.dedent(
     """
@@ -140,7 +140,15 @@ async def healthz_sampler(base: str, seconds: float, every: float = 0.05) -> lis
 
 
 async def drive(
-    base: str, tokens: list[str], sessions: int, seconds: float, *, spread_s: float = 0.0, pid: int | None = None
+    base: str,
+    tokens: list[str],
+    sessions: int,
+    seconds: float,
+    *,
+    spread_s: float = 0.0,
+    pid: int | None = None,
+    peer_pid: int | None = None,
+    postgres: bool = False,
 ) -> dict[str, Any]:
     """``sessions`` concurrent sessions posting /v1/chat for ``seconds``; the figures.
 
@@ -148,7 +156,7 @@ async def drive(
     press enter in the same millisecond); with 0 they all start at once and stay in step.
     """
     # Here, not at the top: a --baseline-source tree's seeding child imports the bench from that tree.
-    from bench.turn_overhead import cpu_seconds
+    from bench.turn_overhead import MachineShare
 
     latencies: list[float] = []
     errors: dict[str, int] = {}
@@ -181,18 +189,22 @@ async def drive(
         await asyncio.sleep(spread_s)  # every session under way before anything is counted
         latencies.clear()
         counted = time.perf_counter()
-        cpu0 = cpu_seconds(pid) if pid else 0.0
+        pids = {"gateway": pid} if pid else {}
+        if peer_pid:
+            pids["peer"] = peer_pid
+        share = MachineShare(pids, postgres=postgres)
         sampler = asyncio.create_task(healthz_sampler(base, seconds))
         await asyncio.sleep(seconds)
         stop.set()
         elapsed = time.perf_counter() - counted
-        cpu = cpu_seconds(pid) - cpu0 if pid else float("nan")
         turns = len(latencies)
+        parts = share.per_turn(turns)
         health = await sampler
         await asyncio.gather(*clients)
     return {
         "turns_s": turns / elapsed,
-        "cpu_ms": cpu / max(turns, 1) * 1000,
+        "cpu_ms": parts.get("gateway", float("nan")),
+        "share": parts,
         "p50": pct(latencies, 0.5),
         "p99": pct(latencies, 0.99),
         "errors": float(sum(errors.values())),
@@ -257,7 +269,16 @@ async def run_gateway(
 
         await settle(gw.pid)  # the job process started, the warm-up's jobs done: none of it is counted
         spread = 0.0 if args.burst else args.model_ms / 1000
-        return await drive(base, tokens, args.sessions, args.seconds, spread_s=spread, pid=gw.pid)
+        return await drive(
+            base,
+            tokens,
+            args.sessions,
+            args.seconds,
+            spread_s=spread,
+            pid=gw.pid,
+            peer_pid=peer.pid,
+            postgres=bool(args.postgres),
+        )
     finally:
         for p in (gw, peer):
             p.terminate()
@@ -272,8 +293,9 @@ def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if len(runs) == 1:
         return runs[0]
     out: dict[str, Any] = {
-        k: statistics.median(r[k] for r in runs) for k in runs[0] if k not in ("errors", "error_kinds")
+        k: statistics.median(r[k] for r in runs) for k in runs[0] if k not in ("errors", "error_kinds", "share")
     }
+    out["share"] = {k: statistics.median(r["share"][k] for r in runs) for k in runs[0]["share"]}
     out["errors"] = float(sum(r["errors"] for r in runs))
     kinds: dict[str, int] = {}
     for r in runs:
@@ -287,7 +309,8 @@ def line(name: str, r: dict[str, Any], model_ms: float) -> str:
     return (
         f"{name:<22} {r['turns_s']:7.1f} turns/s  p50 +{r['p50'] - model_ms:7.1f} ms  "
         f"p99 +{r['p99'] - model_ms:7.1f} ms  errors {int(r['errors'])} {r['error_kinds'] or ''}  "
-        f"/healthz p50 {r['health_p50']:6.1f} ms p99 {r['health_p99']:6.1f} ms  CPU {r['cpu_ms']:.2f} ms/turn"
+        f"/healthz p50 {r['health_p50']:6.1f} ms p99 {r['health_p99']:6.1f} ms  CPU {r['cpu_ms']:.2f} ms/turn\n"
+        f"{'':<22} {share_text(r['share'])}"
     )
 
 

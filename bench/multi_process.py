@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import statistics
@@ -39,24 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.model_load import PEER, drop_pg_database, fresh_pg_database, seed_users
-from bench.turn_overhead import free_port, pct, wait_up
+from bench.turn_overhead import MachineShare, free_port, pct, share_text, wait_up
 
 DEFAULT_PG = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
-
-
-def gateway_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` and its children (the serve processes of --workers N)."""
-    pids = [pid]
-    with contextlib.suppress(OSError):
-        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    total = 0
-    for p in pids:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def safe_pct(values: list[float], q: float) -> float:
@@ -146,10 +130,12 @@ async def run_one(tmp: Path, workers: int, args: argparse.Namespace, peer_port: 
             if workers > 1:
                 await asyncio.sleep(3)  # the other process(es) come up too (SO_REUSEPORT spreads only to listeners)
             await drive(base, tokens, args.sessions, 2)  # warm-up
-            cpu0 = gateway_cpu_s(gw.pid)
+            share = MachineShare({"gateway": gw.pid}, postgres=True)
             got = await drive(base, tokens, args.sessions, args.seconds)
-            # The gateway's own CPU per turn: what more processes spread over more cores, whatever the load.
-            got["cpu_ms"] = (gateway_cpu_s(gw.pid) - cpu0) * 1000 / max(1, got["turns"])
+            # The gateway's own CPU per turn: what more processes spread over more cores, whatever the load;
+            # PostgreSQL's and this client's: what the same cores also run for every turn.
+            got["share"] = share.per_turn(got["turns"])
+            got["cpu_ms"] = got["share"]["gateway"]
             return got
         finally:
             gw.terminate()
@@ -182,7 +168,7 @@ async def main() -> None:
                         f"run {r + 1} --workers {workers}: {got['turns_s']:7.1f} turns/s  "
                         f"p50 {got['p50']:6.1f} ms  p99 {got['p99']:6.1f} ms  "
                         f"gateway CPU {got['cpu_ms']:5.1f} ms/turn  errors {got['errors']}  "
-                        f"(load {os.getloadavg()[0]:.1f})",
+                        f"(load {os.getloadavg()[0]:.1f})\n    {share_text(got['share'])}",
                         flush=True,
                     )
     finally:
@@ -191,12 +177,23 @@ async def main() -> None:
             peer.wait(15)
     med = {w: statistics.median(x["turns_s"] for x in rs) for w, rs in results.items()}
     cpu = {w: statistics.median(x["cpu_ms"] for x in rs) for w, rs in results.items()}
+    parts = {k: statistics.median(x["share"][k] for x in results[2]) for k in results[2][0]["share"]}
     model = f"peer {args.model_ms:.0f} ms" if args.model_ms else "builtin model"
     print(f"\nPostgreSQL, {model}, {args.sessions} sessions, {args.seconds:.0f} s x {args.runs} runs (medians):")
     print(f"1 process    {med[1]:7.1f} turns/s  gateway CPU {cpu[1]:5.1f} ms/turn")
     print(
         f"--workers 2  {med[2]:7.1f} turns/s  gateway CPU {cpu[2]:5.1f} ms/turn  "
         f"ratio {med[2] / med[1]:.2f} (target >= 1.6; {os.cpu_count()} cores shared with the client and PostgreSQL)"
+    )
+    # What the machine allows: every turn costs the gateway, PostgreSQL and this client their CPU, all on
+    # these cores; two processes can serve at most cores / (the sum a turn) turns/s, whatever the gateway does.
+    per_turn = parts["gateway"] + parts["postgres"] + parts["client"]
+    ceiling = (os.cpu_count() or 1) * 1000 / per_turn
+    print(
+        f"--workers 2: {share_text(parts)}\n"
+        f"this machine's ceiling: {os.cpu_count()} cores / {per_turn:.2f} ms a turn (gateway + PostgreSQL + client) "
+        f"= {ceiling:.0f} turns/s, ratio {ceiling / med[1]:.2f} of one process; measured {med[2] / med[1]:.2f}, "
+        f"{med[2] / ceiling:.0%} of the ceiling"
     )
 
 

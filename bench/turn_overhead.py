@@ -187,6 +187,63 @@ def cpu_seconds(pid: int, *, thread: int | None = None) -> float:
     return total / tick
 
 
+class MachineShare:
+    """Where a 2-core machine's CPU went over a measured window: the whole machine, and named processes.
+
+    The gateway shares this machine with what drives it (this client, a model peer) and with
+    PostgreSQL; a figure that depends on scheduling (a p99, a ratio of processes) is read against
+    how busy the machine was. ``busy_cores`` is from ``/proc/stat`` (all processes, steal excluded);
+    each named process's share from ``cpu_seconds`` (with its descendants); ``client`` is this
+    process (``os.times``); ``postgres`` adds up every process whose name is ``postgres``.
+    """
+
+    def __init__(self, pids: dict[str, int], *, postgres: bool = False) -> None:
+        self.pids, self.postgres = pids, postgres
+        self._start = self._read()
+
+    def _read(self) -> dict[str, float]:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        ticks = [int(f) for f in fields]
+        tick = os.sysconf("SC_CLK_TCK")
+        busy = sum(ticks[:8]) - ticks[3] - ticks[4] - ticks[7]  # all but idle, iowait and steal
+        t = os.times()
+        out = {"_busy": busy / tick, "_wall": time.monotonic(), "client": t.user + t.system}
+        out |= {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        if self.postgres:
+            out["postgres"] = postgres_cpu_seconds()
+        return out
+
+    def per_turn(self, turns: int) -> dict[str, float]:
+        """Each part's CPU ms per turn since construction, and ``busy_cores``: the machine's cores busy on average."""
+        end = self._read()
+        out = {k: (end[k] - v) * 1000 / max(turns, 1) for k, v in self._start.items() if not k.startswith("_")}
+        out["busy_cores"] = (end["_busy"] - self._start["_busy"]) / max(end["_wall"] - self._start["_wall"], 1e-9)
+        return out
+
+
+def postgres_cpu_seconds() -> float:
+    """User + system CPU seconds of every PostgreSQL process on this machine (backends, WAL writer, the rest)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            head, rest = (d / "stat").read_text().rsplit(")", 1)
+        except OSError:
+            continue
+        if head.endswith("(postgres"):
+            fields = rest.split()
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def share_text(share: dict[str, float]) -> str:
+    """``share`` (from ``MachineShare.per_turn``) as one line: each part's CPU ms a turn, and the machine's load."""
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in share.items() if k != "busy_cores")
+    return f"CPU ms/turn: {parts}; machine {share['busy_cores']:.2f} of {os.cpu_count()} cores busy"
+
+
 async def pg_database(server: str, name: str, *, drop: bool = False) -> str:
     import asyncpg
 
