@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # As in bench/turn_overhead.py: another tree's database is migrated and seeded by that tree's code.
 sys.path.insert(0, os.environ.get("GOCLAW_BENCH_SOURCE") or str(ROOT))
 
-from bench.turn_overhead import free_port, pct, share_text, wait_up
+from bench.turn_overhead import free_port, pct, wait_up
 
 PEER = textwrap.dedent(
     """
@@ -306,6 +306,8 @@ def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def line(name: str, r: dict[str, Any], model_ms: float) -> str:
+    from bench.turn_overhead import share_text  # here, as in drive: a baseline tree's child has an older bench
+
     return (
         f"{name:<22} {r['turns_s']:7.1f} turns/s  p50 +{r['p50'] - model_ms:7.1f} ms  "
         f"p99 +{r['p99'] - model_ms:7.1f} ms  errors {int(r['errors'])} {r['error_kinds'] or ''}  "
