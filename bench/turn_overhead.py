@@ -283,7 +283,7 @@ async def durable_commit_ms(server: str, commits: int = 200) -> float:
         await conn.close()
 
 
-Result = tuple[float, float, float, float, float]
+Result = tuple[float, float, float, float, float, float]
 
 
 class Gateway:
@@ -326,21 +326,27 @@ class Gateway:
             self.proc.wait(10)
 
 
-async def measure(g: Gateway, requests: int, clients: int, headers: dict[str, str]) -> Result:
-    """(turns/s, p50 ms, p99 ms, server CPU ms per turn, its event-loop thread's share) for one load.
+async def measure(
+    g: Gateway, requests: int, clients: int, headers: dict[str, str], *, postgres: bool = False
+) -> Result:
+    """(turns/s, p50 ms, p99 ms, server CPU ms per turn, its event-loop thread's share, PostgreSQL's) for one load.
 
     The event loop's thread answers the turns; the rest is the background work's (the job
     process's extraction jobs; in an older tree, jobs on a thread) and, older still, the driver's thread.
+    With ``postgres``, the CPU of every PostgreSQL process on the machine over the same window, per
+    turn (else 0): at one client a turn waits for its statements, so their cost is in its latency.
     """
     assert g.proc is not None
     pid = g.proc.pid
     await settle(pid)  # nothing left over from before (the job process starting, the last load's jobs)
     cpu0, loop0 = cpu_seconds(pid), cpu_seconds(pid, thread=pid)
+    pg0 = postgres_cpu_seconds() if postgres else 0.0
     tps, lat = await load(g.url, requests, clients, headers)
     await settle(pid)  # the work these turns left behind (their trims' extraction jobs) is theirs
     cpu_ms = (cpu_seconds(pid) - cpu0) * 1000 / requests
     loop_ms = (cpu_seconds(pid, thread=pid) - loop0) * 1000 / requests
-    return tps, pct(lat, 0.5), pct(lat, 0.99), cpu_ms, loop_ms
+    pg_ms = (postgres_cpu_seconds() - pg0) * 1000 / requests if postgres else 0.0
+    return tps, pct(lat, 0.5), pct(lat, 0.99), cpu_ms, loop_ms, pg_ms
 
 
 async def settle(pid: int, *, step: float = 0.5, limit: float = 60.0) -> None:
@@ -412,14 +418,17 @@ async def main() -> None:
             for run in range(args.runs):
                 for clients in levels:
                     e_tps, e_lat = await load(echo_url, args.requests, clients, headers)
-                    results.setdefault(("echo", clients), []).append((e_tps, pct(e_lat, 0.5), pct(e_lat, 0.99), 0, 0))
+                    echo_r = (e_tps, pct(e_lat, 0.5), pct(e_lat, 0.99), 0.0, 0.0, 0.0)
+                    results.setdefault(("echo", clients), []).append(echo_r)
                     line = f"run {run + 1}, {clients} client(s): echo {e_tps:7.1f} req/s"
                     for g in gateways:
-                        r = await measure(g, args.requests, clients, headers)
+                        r = await measure(g, args.requests, clients, headers, postgres=args.postgres)
                         results.setdefault((g.name, clients), []).append(r)
                         line += (
                             f" | {g.name} {r[0]:7.1f} turns/s p50 {r[1]:5.2f} p99 {r[2]:6.2f} ms"
-                            f" cpu {r[3]:5.2f} ms/turn (loop {r[4]:4.2f}) ratio {r[0] / e_tps:.3f}"
+                            f" cpu {r[3]:5.2f} ms/turn (loop {r[4]:4.2f}"
+                            + (f", PostgreSQL {r[5]:4.2f})" if args.postgres else ")")
+                            + f" ratio {r[0] / e_tps:.3f}"
                         )
                     print(line, flush=True)
         finally:
@@ -449,6 +458,7 @@ async def main() -> None:
                 f"    {g.name:8s} {med(key, 0):7.1f} turns/s, p50 {med(key, 1):.2f} ms, p99 {med(key, 2):.2f} ms, "
                 f"CPU {med(key, 3):.2f} ms/turn (event-loop thread {med(key, 4):.2f}, the rest"
                 f" {med(key, 3) - med(key, 4):.2f}), ratio to echo {ratio:.3f}"
+                + (f"; PostgreSQL's CPU {med(key, 5):.2f} ms/turn" if args.postgres else "")
             )
         if len(gateways) == 2:
             speedup = med(("this", clients), 0) / med(("baseline", clients), 0)
