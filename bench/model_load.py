@@ -12,7 +12,8 @@ as independent people's are; ``--burst`` starts them all in the same instant
 instead, so that they stay in step: every answer arrives in one wave.
 
 Reported for each gateway: turns/s, p50/p99 latency above the model's time,
-errors, /healthz p50/p99. The baseline in the same run is main's ceiling: the
+errors, /healthz p50/p99, and on SQLite the write-ahead log file's largest size
+during the load and its size at the end (sampled every 100 ms). The baseline in the same run is main's ceiling: the
 same gateway with 32 model calls in flight (main held a 32-slot semaphore across
 the whole turn, ``session.max_concurrent_sessions``, which caps the same way).
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -149,11 +151,13 @@ async def drive(
     pid: int | None = None,
     peer_pid: int | None = None,
     postgres: bool = False,
+    wal: Path | None = None,
 ) -> dict[str, Any]:
     """``sessions`` concurrent sessions posting /v1/chat for ``seconds``; the figures.
 
     With ``spread_s`` the sessions' first messages are spread evenly over that time (people do not all
-    press enter in the same millisecond); with 0 they all start at once and stay in step.
+    press enter in the same millisecond); with 0 they all start at once and stay in step. With ``wal``
+    (a SQLite database's ``-wal`` file) also its largest size while counted and its size at the end, in MB.
     """
     # Here, not at the top: a --baseline-source tree's seeding child imports the bench from that tree.
     from bench.turn_overhead import MachineShare
@@ -194,8 +198,18 @@ async def drive(
             pids["peer"] = peer_pid
         share = MachineShare(pids, postgres=postgres)
         sampler = asyncio.create_task(healthz_sampler(base, seconds))
+        wal_sizes: list[int] = []
+
+        async def sample_wal() -> None:
+            while wal is not None and not stop.is_set():
+                with contextlib.suppress(OSError):
+                    wal_sizes.append(wal.stat().st_size)
+                await asyncio.sleep(0.1)
+
+        wal_sampler = asyncio.create_task(sample_wal())
         await asyncio.sleep(seconds)
         stop.set()
+        await wal_sampler
         elapsed = time.perf_counter() - counted
         turns = len(latencies)
         parts = share.per_turn(turns)
@@ -211,6 +225,7 @@ async def drive(
         "health_p50": pct(health, 0.5),
         "health_p99": pct(health, 0.99),
         "error_kinds": errors,
+        **({"wal_peak_mb": max(wal_sizes) / 2**20, "wal_end_mb": wal_sizes[-1] / 2**20} if wal_sizes else {}),
     }
 
 
@@ -278,6 +293,7 @@ async def run_gateway(
             pid=gw.pid,
             peer_pid=peer.pid,
             postgres=bool(args.postgres),
+            wal=None if args.postgres else tmp / f"{name}.db-wal",
         )
     finally:
         for p in (gw, peer):
@@ -313,6 +329,11 @@ def line(name: str, r: dict[str, Any], model_ms: float) -> str:
         f"p99 +{r['p99'] - model_ms:7.1f} ms  errors {int(r['errors'])} {r['error_kinds'] or ''}  "
         f"/healthz p50 {r['health_p50']:6.1f} ms p99 {r['health_p99']:6.1f} ms  CPU {r['cpu_ms']:.2f} ms/turn\n"
         f"{'':<22} {share_text(r['share'])}"
+        + (
+            f"\n{'':<22} SQLite WAL file: largest {r['wal_peak_mb']:.1f} MB, at the end {r['wal_end_mb']:.1f} MB"
+            if "wal_peak_mb" in r
+            else ""
+        )
     )
 
 

@@ -275,8 +275,8 @@ class Gateway:
         if self._inline_driver and db.url.startswith("sqlite"):
             from gateway.sqlite_inline import make_inline_engine
 
-            return make_inline_engine(db.url, echo=db.echo)
-        return make_engine(db.url, echo=db.echo)
+            return make_inline_engine(db.url, echo=db.echo, wal_limit_bytes=db.wal_limit_bytes)
+        return make_engine(db.url, echo=db.echo, wal_limit_bytes=db.wal_limit_bytes)
 
     async def __aenter__(self) -> Gateway:
         await self.start()

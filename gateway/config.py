@@ -93,6 +93,13 @@ class DatabaseConfig(_Model):
 
     url: str = "sqlite+aiosqlite:///data/goclaw.db"
     echo: bool = False
+    # SQLite: past this size the write-ahead log is copied into the database and emptied (new writes pause
+    # for that copy, a few milliseconds). Without it a busy gateway's WAL file only grows.
+    wal_limit_mb: float = Field(default=16.0, gt=0, le=4096)
+
+    @property
+    def wal_limit_bytes(self) -> int:
+        return int(self.wal_limit_mb * 1024 * 1024)
 
     @field_validator("url")
     @classmethod

@@ -51,10 +51,18 @@ def prepare_sqlite_dir(url: str) -> None:
         raise DatabaseUnavailable(f"the database file {path} is not writable; fix its permissions")
 
 
-def make_engine(url: str, *, echo: bool = False, async_creator: Any = None) -> AsyncEngine:
-    """An async engine; SQLite gets WAL, foreign keys and a busy timeout.
+WAL_LIMIT_BYTES = 16 * 1024 * 1024
+"""``database.wal_limit_mb``'s default: the size SQLite's write-ahead log is cut back to when it starts again."""
+
+
+def make_engine(
+    url: str, *, echo: bool = False, async_creator: Any = None, wal_limit_bytes: int = WAL_LIMIT_BYTES
+) -> AsyncEngine:
+    """An async engine; SQLite gets WAL, foreign keys, a busy timeout and the WAL's size limit.
 
     ``async_creator`` makes the driver's connections (``gateway.sqlite_inline``'s, for the background thread).
+    ``wal_limit_bytes`` is each connection's ``journal_size_limit``: the first commit after the WAL
+    starts again cuts the file to it (the job process's checkpoints start it again past that size).
     """
     prepare_sqlite_dir(url)
     kwargs: dict[str, Any] = {"echo": echo}
@@ -81,6 +89,7 @@ def make_engine(url: str, *, echo: bool = False, async_creator: Any = None) -> A
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute(f"PRAGMA journal_size_limit={int(wal_limit_bytes)}")
             cur.close()
 
     return engine

@@ -40,6 +40,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import sys
 import time
 from collections.abc import Callable
@@ -279,19 +280,38 @@ async def run_job_process(cfg: Config, fd: int) -> None:
 
 
 async def _checkpoint_every(gw: Any, seconds: float) -> None:
-    """Copy the WAL into the database file (``PASSIVE``: it waits for no reader or writer), every ``seconds``.
+    """Copy the WAL into the database file every ``seconds``, starting it again past ``database.wal_limit_mb``.
 
-    The serving process's turns never checkpoint (``checkpoint_elsewhere``): this does it for them.
+    The serving process's turns never checkpoint (``checkpoint_elsewhere``): this does it
+    for them (``checkpoint_wal``), on a connection of its own in a thread: a restarting
+    checkpoint may wait up to ``CHECKPOINT_BUSY_TIMEOUT_MS`` for readers, and this loop's
+    jobs do not wait with it. A restart holds the write lock: the serving process's turns
+    waiting for it are told when it ends (``RELEASES``), as after one of this process's own writes.
     """
-    from sqlalchemy import text
+    from gateway.hotstore.sqlite import checkpoint_connection, checkpoint_wal
 
-    while True:
-        await asyncio.sleep(seconds)
-        try:
-            async with gw.engine.connect() as conn:
-                await conn.execute(text("PRAGMA wal_checkpoint(PASSIVE)"))
-        except Exception as exc:  # the next one tries again; SQLite's own checkpoint on close is the backstop
-            log.warning("WAL checkpoint failed: %s", exc)
+    path = gw.engine.url.database
+    conn: sqlite3.Connection | None = None
+    limit_bytes = gw.config.database.wal_limit_bytes
+    in_thread = False  # cancelled while a call runs in its thread: that thread still has the connection
+    try:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                in_thread = True
+                if conn is None:
+                    conn = await asyncio.to_thread(checkpoint_connection, path)
+                outcome = await asyncio.to_thread(checkpoint_wal, conn, limit_bytes)
+                in_thread = False
+            except Exception as exc:  # the next one tries again; SQLite's own checkpoint on close is the backstop
+                in_thread = False
+                log.warning("WAL checkpoint failed: %s", exc)
+                continue
+            if outcome != "copied":
+                RELEASES.released()
+    finally:
+        if conn is not None and not in_thread:
+            conn.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -167,7 +167,7 @@ class InlineConnection:
         return self._conn.in_transaction
 
 
-def make_inline_engine(url: str, *, echo: bool = False) -> AsyncEngine:
+def make_inline_engine(url: str, *, echo: bool = False, wal_limit_bytes: int | None = None) -> AsyncEngine:
     """``make_engine(url)`` for SQLite, its driver's calls made inline (one thread and loop only).
 
     The engine must be used, and disposed, on the thread that made its first
@@ -175,7 +175,7 @@ def make_inline_engine(url: str, *, echo: bool = False) -> AsyncEngine:
     """
     from sqlalchemy.dialects.sqlite.aiosqlite import SQLiteDialect_aiosqlite
 
-    from gateway.db import make_engine
+    from gateway.db import WAL_LIMIT_BYTES, make_engine
 
     args, kwargs = SQLiteDialect_aiosqlite().create_connect_args(make_url(url))
     database, uri = str(args[0]), bool(kwargs.get("uri", False))
@@ -184,4 +184,5 @@ def make_inline_engine(url: str, *, echo: bool = False) -> AsyncEngine:
         # The busy timeout is make_engine's (30 s): a wait for the write lock blocks this thread only.
         return InlineConnection(sqlite3.connect(database, timeout=30, check_same_thread=False, uri=uri))
 
-    return make_engine(url, echo=echo, async_creator=connect)
+    limit = WAL_LIMIT_BYTES if wal_limit_bytes is None else wal_limit_bytes
+    return make_engine(url, echo=echo, async_creator=connect, wal_limit_bytes=limit)

@@ -1,0 +1,197 @@
+"""SQLite's WAL stays bounded while the serving process keeps writing (``checkpoint_wal``, the job process's ticker).
+
+The serving process never checkpoints; the job process copies the WAL into the
+database file every second. A ``PASSIVE`` copy never starts the WAL again while
+writes keep coming, so under a real model's load the file grew by 7 MB a second
+and never shrank. Past ``database.wal_limit_mb`` the checkpoint now restarts it,
+and the next commit cuts the file back to the limit (``journal_size_limit``).
+
+No timing assertions: every wait polls for a condition with a generous limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sqlite3
+import threading
+from pathlib import Path
+
+from gateway.hotstore.sqlite import checkpoint_connection, checkpoint_wal
+from tests.gateway.test_processes import _post, _seed, _spawn, free_port, healthy, wait_for
+
+LIMIT = 64 * 1024  # 15 frames of 4 KB pages
+
+
+def _writer(path: Path, limit: int) -> sqlite3.Connection:
+    """A connection set up as the serving process's is: WAL, no checkpoint of its own, the size limit."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute(f"PRAGMA journal_size_limit={limit}")
+    conn.execute("CREATE TABLE IF NOT EXISTS t (id INTEGER PRIMARY KEY, body BLOB)")
+    return conn
+
+
+def _commit(conn: sqlite3.Connection, n: int = 1) -> None:
+    for _ in range(n):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO t (body) VALUES (randomblob(3000))")  # about a page of its own
+        conn.execute("COMMIT")
+
+
+def _wal(path: Path) -> int:
+    return Path(f"{path}-wal").stat().st_size
+
+
+def _in_database_file(path: Path) -> int:
+    """Rows in the database file itself, the WAL not read."""
+    conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    try:
+        return int(conn.execute("SELECT count(*) FROM t").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_under_the_limit_the_wal_is_copied_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    db = tmp_path / "g.db"
+    writer = _writer(db, LIMIT)
+    checker = checkpoint_connection(str(db))
+    _commit(writer, 40)
+    writer.execute("BEGIN IMMEDIATE")  # a turn's write transaction, open
+    writer.execute("INSERT INTO t (body) VALUES (randomblob(3000))")
+    assert checkpoint_wal(checker, 100 * _wal(db)) == "copied"  # did not wait for the write lock
+    assert _in_database_file(db) == 40  # what was committed is in the database file
+    # Past the limit the same call needs the write lock: it waits its 50 ms, then leaves the writer be.
+    assert checkpoint_wal(checker, LIMIT) == "busy"
+    writer.execute("COMMIT")
+    assert writer.execute("SELECT count(*) FROM t").fetchone()[0] == 41
+    writer.close()
+    checker.close()
+
+
+def test_past_the_limit_the_wal_starts_again_and_the_next_commit_cuts_it_to_the_limit(tmp_path: Path) -> None:
+    db = tmp_path / "g.db"
+    writer = _writer(db, LIMIT)
+    checker = checkpoint_connection(str(db))
+    _commit(writer, 60)
+    grown = _wal(db)
+    assert grown > 3 * LIMIT
+    assert checkpoint_wal(checker, LIMIT) == "restarted"
+    _commit(writer)
+    assert _wal(db) <= LIMIT < grown
+    assert _in_database_file(db) == 60
+    assert writer.execute("SELECT count(*) FROM t").fetchone()[0] == 61  # nothing lost
+    writer.close()
+    checker.close()
+
+
+def test_a_reader_on_the_wal_keeps_it_and_the_next_call_restarts_it(tmp_path: Path) -> None:
+    db = tmp_path / "g.db"
+    writer = _writer(db, LIMIT)
+    checker = checkpoint_connection(str(db))
+    _commit(writer, 30)
+    reader = sqlite3.connect(db, isolation_level=None)
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM t").fetchone()[0] == 30  # a snapshot on the WAL, held open
+    _commit(writer, 30)
+    assert checkpoint_wal(checker, LIMIT) == "busy"  # waited its 50 ms for the reader, then gave up
+    _commit(writer)  # the writer was never stopped for good
+    assert reader.execute("SELECT count(*) FROM t").fetchone()[0] == 30  # the reader's snapshot intact
+    reader.execute("COMMIT")
+    assert checkpoint_wal(checker, LIMIT) == "restarted"
+    _commit(writer)
+    assert _wal(db) <= LIMIT
+    assert writer.execute("SELECT count(*) FROM t").fetchone()[0] == 62
+    for c in (reader, writer, checker):
+        c.close()
+
+
+def test_with_another_connection_committing_all_the_while_the_wal_is_restarted(tmp_path: Path) -> None:
+    db = tmp_path / "g.db"
+    writer = _writer(db, LIMIT)
+    checker = checkpoint_connection(str(db))
+    stop = threading.Event()
+    committed: list[int] = []
+    shrank = threading.Event()
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            last = 0
+            while not stop.is_set():
+                _commit(writer)
+                committed.append(1)
+                size = _wal(db)
+                if size < last:
+                    shrank.set()
+                last = size
+        except BaseException as exc:  # reported by the test below
+            errors.append(exc)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    outcomes: list[str] = []
+    try:
+        for _ in range(2000):  # each call waits for the writer's lock at most 50 ms; this only stops a hang
+            if shrank.is_set() or errors:
+                break
+            outcomes.append(checkpoint_wal(checker, LIMIT))
+            stop.wait(0.01)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    assert "restarted" in outcomes
+    assert shrank.is_set(), "the WAL file never shrank while the other connection wrote"
+    assert writer.execute("SELECT count(*) FROM t").fetchone()[0] == len(committed)
+    writer.close()
+    checker.close()
+
+
+def test_a_busy_gateway_s_wal_is_cut_back_while_turns_go_on(tmp_path: Path) -> None:
+    """A real ``goclaw serve`` on SQLite with its job process: turns without a pause, the WAL kept near its limit."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
+    users = asyncio.run(_seed(url, 1))
+    token = "wal-token-0123456789abcdef"
+    port = free_port()
+    limit = 1024 * 1024
+    cfg = {
+        "database": {"url": url, "wal_limit_mb": 1},
+        "server": {"port": port, "api_users": [{"token": token, "user": users[0]}]},
+        "logging": {"level": "INFO"},
+    }
+    (tmp_path / "config.yaml").write_text(json.dumps(cfg))
+    log = tmp_path / "serve.log"
+    serve = _spawn(["-m", "gateway", "serve", "--config", "config.yaml"], tmp_path, log)
+    wal = tmp_path / "g.db-wal"
+    sizes: list[int] = []
+    try:
+        wait_for(lambda: healthy(port), "goclaw serve", [serve])
+
+        def turns_until_cut_back() -> bool:
+            for _ in range(20):
+                i = len(sizes)
+                status, body = _post(port, token, f"s{i % 5}", f"message {i} about the weekly report", f"m{i}")
+                assert status == 200, body
+                sizes.append(wal.stat().st_size)
+                # The file only ever shrinks when SQLite cuts it back to the limit after the WAL started again.
+                if len(sizes) > 1 and sizes[-1] < max(sizes):
+                    return True
+            return False
+
+        wait_for(turns_until_cut_back, "the WAL to be cut back while turns go on", [serve])
+        assert max(sizes) > limit
+        assert sizes[-1] <= limit + 256 * 1024  # at the limit, and the frames of the turn just made
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=30)
+    conn = sqlite3.connect(tmp_path / "g.db")
+    try:
+        asked = conn.execute("SELECT count(*) FROM messages WHERE is_agent = 0").fetchone()[0]
+    finally:
+        conn.close()
+    assert asked == len(sizes)  # every turn's message kept
+    assert "Traceback" not in log.read_text(), log.read_text()
