@@ -127,7 +127,7 @@ def checkpoint_elsewhere() -> None:
 
 
 CHECKPOINT_BUSY_TIMEOUT_MS = 50
-"""How long a truncating checkpoint waits for the write lock and for readers (``checkpoint_wal``).
+"""How long a restarting checkpoint waits for the write lock and for readers (``checkpoint_wal``).
 
 While it waits for readers it holds the write lock, so this bounds the pause it can put on the turns."""
 
