@@ -446,11 +446,11 @@ def _job_pids(log: Path) -> list[int]:
     return [int(m) for m in re.findall(r"job process started \(pid (\d+)\)", log.read_text())]
 
 
-def _in_database_file(path: Path) -> int:
-    """Messages in the database file itself, the WAL not read (what a copy of the file alone holds)."""
+def _in_database_file(path: Path, table: str = "messages") -> int:
+    """Rows (messages) in the database file itself, the WAL not read (what a copy of the file alone holds)."""
     conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
     try:
-        return int(conn.execute("SELECT count(*) FROM messages").fetchone()[0])
+        return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
     finally:
         conn.close()
 

@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 
 from gateway.hotstore.sqlite import checkpoint_connection, checkpoint_wal
-from tests.gateway.test_processes import _post, _seed, _spawn, free_port, healthy, wait_for
+from tests.gateway.test_processes import _in_database_file, _post, _seed, _spawn, free_port, healthy, wait_for
 
 LIMIT = 64 * 1024  # 15 frames of 4 KB pages
 
@@ -46,15 +46,6 @@ def _wal(path: Path) -> int:
     return Path(f"{path}-wal").stat().st_size
 
 
-def _in_database_file(path: Path) -> int:
-    """Rows in the database file itself, the WAL not read."""
-    conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
-    try:
-        return int(conn.execute("SELECT count(*) FROM t").fetchone()[0])
-    finally:
-        conn.close()
-
-
 def test_under_the_limit_the_wal_is_copied_without_waiting_for_a_writer(tmp_path: Path) -> None:
     db = tmp_path / "g.db"
     writer = _writer(db, LIMIT)
@@ -63,7 +54,7 @@ def test_under_the_limit_the_wal_is_copied_without_waiting_for_a_writer(tmp_path
     writer.execute("BEGIN IMMEDIATE")  # a turn's write transaction, open
     writer.execute("INSERT INTO t (body) VALUES (randomblob(3000))")
     assert checkpoint_wal(checker, 100 * _wal(db)) == "copied"  # did not wait for the write lock
-    assert _in_database_file(db) == 40  # what was committed is in the database file
+    assert _in_database_file(db, "t") == 40  # what was committed is in the database file
     # Past the limit the same call needs the write lock: it waits its 50 ms, then leaves the writer be.
     assert checkpoint_wal(checker, LIMIT) == "busy"
     writer.execute("COMMIT")
@@ -82,7 +73,7 @@ def test_past_the_limit_the_wal_starts_again_and_the_next_commit_cuts_it_to_the_
     assert checkpoint_wal(checker, LIMIT) == "restarted"
     _commit(writer)
     assert _wal(db) <= LIMIT < grown
-    assert _in_database_file(db) == 60
+    assert _in_database_file(db, "t") == 60
     assert writer.execute("SELECT count(*) FROM t").fetchone()[0] == 61  # nothing lost
     writer.close()
     checker.close()
