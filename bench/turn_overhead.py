@@ -13,7 +13,9 @@ thread (the turns themselves) and the rest (the job process's extraction jobs,
 the worker thread; in older trees the jobs on that thread, and the database
 driver's thread). With
 ``--baseline-source DIR`` a second gateway from another tree (e.g. main) runs the
-same load in the same run, interleaved, on its own database.
+same load in the same run, interleaved, on its own database; which of the two runs
+first alternates from run to run (the first after the echo measured 8-10% fewer
+turns/s at 8 clients, whichever tree it was), so use an even ``--runs`` or several.
 
     .venv/bin/python bench/turn_overhead.py [--requests 1500] [--clients 1,8] [--runs 3]
         [--postgres] [--baseline-source /work/main] [--sessions-at-random]
@@ -421,9 +423,15 @@ async def main() -> None:
                     echo_r = (e_tps, pct(e_lat, 0.5), pct(e_lat, 0.99), 0.0, 0.0, 0.0)
                     results.setdefault(("echo", clients), []).append(echo_r)
                     line = f"run {run + 1}, {clients} client(s): echo {e_tps:7.1f} req/s"
+                    # The order alternates: whichever tree runs first after the echo measured 8-10%
+                    # fewer turns/s at 8 clients, the same tree either way round (2026-12-03).
+                    ordered = gateways if run % 2 == 0 else gateways[::-1]
+                    for g in ordered:
+                        results.setdefault((g.name, clients), []).append(
+                            await measure(g, args.requests, clients, headers, postgres=args.postgres)
+                        )
                     for g in gateways:
-                        r = await measure(g, args.requests, clients, headers, postgres=args.postgres)
-                        results.setdefault((g.name, clients), []).append(r)
+                        r = results[(g.name, clients)][-1]
                         line += (
                             f" | {g.name} {r[0]:7.1f} turns/s p50 {r[1]:5.2f} p99 {r[2]:6.2f} ms"
                             f" cpu {r[3]:5.2f} ms/turn (loop {r[4]:4.2f}"
