@@ -809,3 +809,54 @@ async def test_the_append_only_migration_downgrades_and_upgrades(db_url: str, cl
                 await conn.execute(change)
     finally:
         await engine.dispose()
+
+
+async def _reply_index(engine: AsyncEngine) -> tuple[bool, str]:
+    """(whether ``uq_messages_reply_to`` is partial, the plan of the stored-reply read) on this database."""
+    async with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            indexes = (await conn.exec_driver_sql("PRAGMA index_list(messages)")).all()
+            partial = next(bool(r[4]) for r in indexes if r[1] == "uq_messages_reply_to")
+            plan = (await conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql.REPLY, (1,))).all()
+            return partial, " ".join(str(r) for r in plan)
+        sql_text = "SELECT indexdef FROM pg_indexes WHERE indexname = 'uq_messages_reply_to'"
+        definition = (await conn.exec_driver_sql(sql_text)).scalar_one()
+        return "WHERE" in definition, ""
+
+
+async def test_the_one_reply_index_holds_replies_only_and_still_refuses_a_second_reply(
+    db_url: str, clock: Clock
+) -> None:
+    # A person's message has no reply_to_id: migration 0016 leaves it out of the index, so a turn's
+    # first commit no longer writes an index page nothing reads. One reply per message still holds,
+    # on a database upgraded across the migration with replies already stored.
+    engine = make_engine(db_url)
+    try:
+        await upgrade(engine)
+        async with engine.begin() as conn:
+            await conn.run_sync(alembic_downgrade, "0015_messages_append_only")
+        assert (await _reply_index(engine))[0] is False
+        store = SessionStore(engine, clock=clock)
+        first = await begin(store, "m1")
+        assert await reply(store, first.session_id, "m1", first.stored.id) is not None
+        await upgrade(engine)
+        partial, plan = await _reply_index(engine)
+        assert partial
+        if engine.dialect.name == "sqlite":
+            assert "uq_messages_reply_to" in plan, plan  # a retry's stored reply is still an index lookup
+        store = SessionStore(engine, clock=clock)  # a fresh store: nothing kept from before the upgrade
+        assert await reply(store, first.session_id, "m1", first.stored.id, "a second answer") is None
+        again = await begin(store, "m1")
+        assert again.stored is None and again.reply == "hi Alice"
+        second = await begin(store, "m2", "more")
+        assert await reply(store, second.session_id, "m2", second.stored.id, "answer two") is not None
+        async with engine.begin() as conn:  # the index itself refuses a second reply, whatever wrote it
+            with pytest.raises(Exception, match="(?i)unique"):
+                await conn.execute(
+                    Message.__table__.insert().values(
+                        session_id=first.session_id, platform_message_id="sneaky", display_name="agent",
+                        text="x", said_at=clock.now, is_agent=True, created_at=clock.now, reply_to_id=first.stored.id,
+                    )
+                )  # fmt: skip
+    finally:
+        await engine.dispose()
