@@ -6,6 +6,7 @@ import functools
 import logging
 import os
 import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,9 +91,20 @@ def make_engine(
             cur.execute("PRAGMA busy_timeout=30000")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute(f"PRAGMA journal_size_limit={int(wal_limit_bytes)}")
+            if _checkpoints_elsewhere():
+                cur.execute("PRAGMA wal_autocheckpoint=0")  # as the hot store's: another process copies the WAL
             cur.close()
 
     return engine
+
+
+def _checkpoints_elsewhere() -> bool:
+    """Whether this process said another copies the WAL (``gateway.hotstore.sqlite.checkpoint_elsewhere``).
+
+    Read from the module only if it is loaded: a process that never loaded it never said so.
+    """
+    hot = sys.modules.get("gateway.hotstore.sqlite")
+    return hot is not None and bool(hot.checkpoints_elsewhere())
 
 
 def dialect_insert(dialect: str, table: Any) -> Any:

@@ -186,3 +186,98 @@ def test_a_busy_gateway_s_wal_is_cut_back_while_turns_go_on(tmp_path: Path) -> N
         conn.close()
     assert asked == len(sizes)  # every turn's message kept
     assert "Traceback" not in log.read_text(), log.read_text()
+
+
+_ENGINE_COMMITS = """
+import asyncio, sqlite3, sys
+from gateway.db import make_engine
+
+async def main(url, elsewhere):
+    if elsewhere:
+        from gateway.hotstore.sqlite import checkpoint_elsewhere
+        checkpoint_elsewhere()
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as conn:
+            print((await conn.exec_driver_sql("PRAGMA wal_autocheckpoint")).scalar_one())
+            await conn.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)")
+            await conn.commit()
+            for _ in range(1200):  # past SQLite's default of 1,000 pages in the WAL
+                await conn.exec_driver_sql("INSERT INTO t (body) VALUES (randomblob(3000))")
+                await conn.commit()
+        # The database file alone, the WAL not read: read before the last connection closes (a close copies all).
+        in_file = sqlite3.connect(f"file:{engine.url.database}?immutable=1", uri=True)
+        made = in_file.execute("SELECT count(*) FROM sqlite_master WHERE name = 't'").fetchone()[0]
+        print(in_file.execute("SELECT count(*) FROM t").fetchone()[0] if made else 0)
+        in_file.close()
+    finally:
+        await engine.dispose()
+
+asyncio.run(main(sys.argv[1], sys.argv[2] == "elsewhere"))
+"""
+
+
+def test_a_process_whose_wal_another_copies_commits_through_the_engine_without_copying_it(tmp_path: Path) -> None:
+    # The job process copies the WAL every second; its own commits (a memory write, a job's finish)
+    # copied it again each time once it held 1,000 pages, until it started again at the limit.
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    found = {}
+    for mode in ("default", "elsewhere"):
+        db = tmp_path / f"{mode}.db"
+        out = subprocess.run(
+            [sys.executable, "-c", _ENGINE_COMMITS, f"sqlite+aiosqlite:///{db}", mode],
+            cwd=root, capture_output=True, text=True, timeout=300, check=True,
+        )  # fmt: skip
+        found[mode] = out.stdout.split()
+    assert found["default"][0] == "1000" and int(found["default"][1]) > 0  # SQLite's own copy, on commit
+    assert found["elsewhere"] == ["0", "0"]  # nothing copied by the committing process: all still in the WAL
+
+
+_JOB_PROCESS_CONNECTIONS = """
+import asyncio, json, socket, sys
+import gateway.app
+from gateway.config import Config
+from gateway.hotstore import hot_store
+from gateway.jobproc import run_job_process
+
+started = []
+original = gateway.app.Gateway.start
+
+async def start(self, *args, **kwargs):
+    await original(self, *args, **kwargs)
+    started.append(self)
+
+gateway.app.Gateway.start = start
+
+async def main(url):
+    parent, child = socket.socketpair()
+    job = asyncio.create_task(run_job_process(Config.model_validate({"database": {"url": url}}), child.detach()))
+    while not started:
+        await asyncio.sleep(0.05)
+    gw = started[0]
+    async with gw.engine.connect() as conn:
+        engine = (await conn.exec_driver_sql("PRAGMA wal_autocheckpoint")).scalar_one()
+    hot = hot_store(gw.engine)._connection().execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+    print(json.dumps({"engine": engine, "hot": hot}))
+    parent.close()  # the serving process's end closes: the job process stops
+    await asyncio.wait_for(job, 60)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_the_job_process_s_own_connections_leave_the_copy_to_its_ticker(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
+    asyncio.run(_seed(url, 1))  # migrated, as serve leaves it before starting its job process
+    out = subprocess.run(
+        [sys.executable, "-c", _JOB_PROCESS_CONNECTIONS, url],
+        cwd=root, capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"engine": 0, "hot": 0}, out.stderr
