@@ -851,7 +851,7 @@ async def test_the_one_reply_index_holds_replies_only_and_still_refuses_a_second
         second = await begin(store, "m2", "more")
         assert await reply(store, second.session_id, "m2", second.stored.id, "answer two") is not None
         async with engine.begin() as conn:  # the index itself refuses a second reply, whatever wrote it
-            with pytest.raises(Exception, match="(?i)unique"):
+            with pytest.raises(Exception, match=r"(?i)unique"):
                 await conn.execute(
                     Message.__table__.insert().values(
                         session_id=first.session_id, platform_message_id="sneaky", display_name="agent",
