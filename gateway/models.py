@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint, false, text
+from sqlalchemy import JSON, Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from pairing.models import UTCDateTime
@@ -42,14 +42,10 @@ class Message(GatewayBase):
         # no client id, whatever a channel's alphabet allows, can collide with a reply.
         UniqueConstraint("session_id", "is_agent", "platform_message_id", name="uq_messages_platform_id"),
         Index("ix_messages_session_live", "session_id", "archive_id", "id"),
-        # Replies only (migration 0016): a person's message has no reply_to_id and no entry here.
-        Index(
-            "uq_messages_reply_to",
-            "reply_to_id",
-            unique=True,
-            sqlite_where=text("reply_to_id IS NOT NULL"),
-            postgresql_where=text("reply_to_id IS NOT NULL"),
-        ),
+        # Replies only: migration 0016 makes it WHERE reply_to_id IS NOT NULL (a person's message has no
+        # entry). Not said here: the schema is Alembic's, and the dialects' where= options would load
+        # both dialects' modules at import (a plain SQLite start loads no PostgreSQL code).
+        Index("uq_messages_reply_to", "reply_to_id", unique=True),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
