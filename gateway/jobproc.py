@@ -241,7 +241,7 @@ async def run_job_process(cfg: Config, fd: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     if cfg.database.url.startswith("sqlite"):
-        from gateway.hotstore.sqlite import checkpoint_elsewhere
+        from gateway.db import checkpoint_elsewhere
 
         checkpoint_elsewhere()  # its commits copy nothing: _checkpoint_every does, once a second
     # Its own loop answers no turn: on SQLite the driver's calls are made inline (gateway/sqlite_inline.py).

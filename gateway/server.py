@@ -78,7 +78,7 @@ async def serve_forever(cfg: Config, *, child: int | None = None, config_path: s
     cfg, source = with_dashboard_token(cfg)
     job_process = child is None and cfg.worker.mode == "inline"
     if job_process and cfg.database.url.startswith("sqlite"):
-        from gateway.hotstore.sqlite import checkpoint_elsewhere
+        from gateway.db import checkpoint_elsewhere
 
         checkpoint_elsewhere()  # the job process copies the WAL into the database file, not the turns' loop
     gw = Gateway(cfg)

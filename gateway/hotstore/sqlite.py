@@ -109,33 +109,6 @@ class WriteLockReleases:
 RELEASES = WriteLockReleases()
 """This process's write-lock releases (one per process: every SQLite database in it shares it)."""
 
-_checkpoints_elsewhere = False
-
-
-def checkpoint_elsewhere() -> None:
-    """From now on this process's SQLite connections never checkpoint the WAL on commit.
-
-    By default the connection whose commit takes the WAL past 1,000 pages copies
-    them into the database file then and there: on the turns' loop, 5-10 ms, up to
-    40 ms with the disk busy, about 7 times a second under a real model's load, and
-    ``/healthz`` waited behind each one. ``goclaw serve`` calls this when it starts
-    its job process, which checkpoints every second instead (``gateway/jobproc.py``);
-    the job process calls it too, for its own connections: SQLite starts the WAL again
-    only past ``database.wal_limit_mb``, so between 1,000 pages and that limit every
-    commit of a job (its memory write, its finish) copied the WAL again, a hot page
-    once more each time, besides the copy each second. It covers the hot store's
-    connections and the engine's (``gateway.db.make_engine``) opened after the call.
-    Without a process that checkpoints, SQLite's default stays.
-    """
-    global _checkpoints_elsewhere
-    _checkpoints_elsewhere = True
-
-
-def checkpoints_elsewhere() -> bool:
-    """Whether ``checkpoint_elsewhere`` was called in this process."""
-    return _checkpoints_elsewhere
-
-
 CHECKPOINT_BUSY_TIMEOUT_MS = 50
 """How long a restarting checkpoint waits for the write lock and for readers (``checkpoint_wal``).
 
@@ -283,8 +256,6 @@ class SQLiteHotStore(HotStore):
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("PRAGMA busy_timeout=0")  # never wait inside SQLite on the loop thread (see module doc)
-            if _checkpoints_elsewhere:
-                conn.execute("PRAGMA wal_autocheckpoint=0")  # the job process checkpoints (checkpoint_elsewhere)
         except BaseException:
             conn.close()
             raise

@@ -15,12 +15,15 @@ import asyncio
 import json
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 from gateway.hotstore.sqlite import checkpoint_connection, checkpoint_wal
 from tests.gateway.test_processes import _in_database_file, _post, _seed, _spawn, free_port, healthy, wait_for
 
+ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 64 * 1024  # 15 frames of 4 KB pages
 
 
@@ -194,7 +197,7 @@ from gateway.db import make_engine
 
 async def main(url, elsewhere):
     if elsewhere:
-        from gateway.hotstore.sqlite import checkpoint_elsewhere
+        from gateway.db import checkpoint_elsewhere
         checkpoint_elsewhere()
     engine = make_engine(url)
     try:
@@ -220,16 +223,12 @@ asyncio.run(main(sys.argv[1], sys.argv[2] == "elsewhere"))
 def test_a_process_whose_wal_another_copies_commits_through_the_engine_without_copying_it(tmp_path: Path) -> None:
     # The job process copies the WAL every second; its own commits (a memory write, a job's finish)
     # copied it again each time once it held 1,000 pages, until it started again at the limit.
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
     found = {}
     for mode in ("default", "elsewhere"):
         db = tmp_path / f"{mode}.db"
         out = subprocess.run(
             [sys.executable, "-c", _ENGINE_COMMITS, f"sqlite+aiosqlite:///{db}", mode],
-            cwd=root, capture_output=True, text=True, timeout=300, check=True,
+            cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
         )  # fmt: skip
         found[mode] = out.stdout.split()
     assert found["default"][0] == "1000" and int(found["default"][1]) > 0  # SQLite's own copy, on commit
@@ -256,6 +255,8 @@ async def main(url):
     parent, child = socket.socketpair()
     job = asyncio.create_task(run_job_process(Config.model_validate({"database": {"url": url}}), child.detach()))
     while not started:
+        if job.done():
+            job.result()  # it ended before its gateway started: say why
         await asyncio.sleep(0.05)
     gw = started[0]
     async with gw.engine.connect() as conn:
@@ -270,14 +271,10 @@ asyncio.run(main(sys.argv[1]))
 
 
 def test_the_job_process_s_own_connections_leave_the_copy_to_its_ticker(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
     url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
     asyncio.run(_seed(url, 1))  # migrated, as serve leaves it before starting its job process
     out = subprocess.run(
         [sys.executable, "-c", _JOB_PROCESS_CONNECTIONS, url],
-        cwd=root, capture_output=True, text=True, timeout=300, check=True,
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"engine": 0, "hot": 0}, out.stderr
