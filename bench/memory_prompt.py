@@ -6,6 +6,13 @@ operational notes with their superseded history and personal records for many
 people -- then runs ``memory_sections`` for varied conversations and speakers,
 and prints p50/p99 latency and the tokens injected against the budget. Asserts the budget is never exceeded.
 
+The calls run with the collector set as ``goclaw serve`` sets it once started
+(``gateway.heap.settle_heap``: start-up's objects frozen, a young collection per
+100,000 allocations); ``--default-gc`` keeps CPython's defaults instead, under which
+the fill's objects and the store's kept views were walked by a young collection every
+nine calls or so and by one full collection of 55-70 ms (2026-12-03). The number of
+collections of each generation during the calls is printed.
+
 Beside the wall-clock figures it prints the calls' CPU time (SQLite runs inline on
 the calling thread, so that is all of their work) and, between the calls, a fixed
 ~2 ms CPU loop's wall p50/p99: on a shared VM the p99 of any short computation is
@@ -15,13 +22,14 @@ how much, in the same run.
 The fill writes rows directly (bulk insert, the same columns and term index the
 store writes); the gate is for what people and runs say, and this is a fixture.
 
-Usage: .venv/bin/python bench/memory_prompt.py [--records N] [--runs N] [--budget N] [--postgres]
+Usage: .venv/bin/python bench/memory_prompt.py [--records N] [--runs N] [--budget N] [--postgres] [--default-gc]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import math
 import random
 import secrets
@@ -36,6 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gateway.db import make_engine, upgrade
+from gateway.heap import settle_heap
 from gateway.hotstore import hot_store
 from memory.models import MemoryRecord, MemoryTerm
 from memory.render import memory_sections
@@ -134,6 +143,9 @@ async def main() -> None:
     parser.add_argument("--budget", type=int, default=1200)
     parser.add_argument("--postgres", action="store_true", help="a fresh PostgreSQL database instead of a SQLite file")
     parser.add_argument("--pg-server", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument(
+        "--default-gc", action="store_true", help="CPython's collector thresholds, not the ones goclaw serve sets"
+    )
     args = parser.parse_args()
     rng = random.Random(42)
 
@@ -206,6 +218,15 @@ async def measure(engine: Any, args: argparse.Namespace, rng: random.Random) -> 
     for _ in range(10):
         await memory_sections(store, speakers[0], "report invoice", token_budget=args.budget)
 
+    if not args.default_gc:
+        settle_heap()  # as goclaw serve does once started (gateway/heap.py)
+    collections = [0, 0, 0]
+
+    def counted(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections[info["generation"]] += 1
+
+    gc.callbacks.append(counted)
     timings: list[float] = []
     cpu: list[float] = []
     probe: list[float] = []
@@ -228,6 +249,7 @@ async def measure(engine: Any, args: argparse.Namespace, rng: random.Random) -> 
         if principal.is_system or not principal.is_human:
             assert sections.personal == ""
 
+    gc.callbacks.remove(counted)
     timings.sort()
     p50, p99 = statistics.median(timings), _p99(timings)
     print(f"memory_sections x{args.runs}: p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {timings[-1]:.2f} ms")
@@ -242,6 +264,11 @@ async def measure(engine: Any, args: argparse.Namespace, rng: random.Random) -> 
     print(
         f"tokens injected: mean {statistics.mean(tokens):.0f}, max {max(tokens)} of budget {args.budget} "
         f"(never exceeded); items per prompt: mean {statistics.mean(items):.1f}"
+    )
+    heap = "CPython's defaults (--default-gc)" if args.default_gc else "as goclaw serve sets it (gateway/heap.py)"
+    print(
+        f"the collector {heap}: {collections[0]} young, {collections[1]} middle and {collections[2]} full "
+        "collections during the calls"
     )
 
 
