@@ -163,12 +163,19 @@ def principal_from_json(d: dict[str, Any]) -> Principal:
 
 
 def render_archive(
-    session: Session | TrimSession, archive_id: str, messages: Sequence[StoredMessage], trust: str, summary: str
+    session: Session | TrimSession,
+    archive_id: str,
+    messages: Sequence[StoredMessage],
+    trust: str,
+    summary: str,
+    *,
+    slices: Sequence[SliceMessage] | None = None,
 ) -> str:
     """The markdown document of a trimmed slice: every field escaped, one line per message.
 
     The format is memory's (``memory.archive_format``): relearn reads it back,
-    so no field a person controls may be able to forge a line.
+    so no field a person controls may be able to forge a line. ``slices`` are
+    ``messages``' own ``as_slice()``, when the caller has made them already.
     """
     return render_archive_markdown(
         archive_id=archive_id,
@@ -176,7 +183,7 @@ def render_archive(
         channel=session.channel,
         conversation_id=session.conversation_id,
         thread_id=session.thread_id or "",
-        messages=[m.as_slice() for m in messages],
+        messages=[m.as_slice() for m in messages] if slices is None else slices,
         trust=trust,
         summary=summary,
     )
@@ -464,10 +471,15 @@ class SessionStore:
             if len(live_rows) <= max_messages:
                 return None
             live = in_answer_order(live_rows)  # ordering: a message and its reply are cut together
-            cut = [StoredMessage(*r.stored()) for r in live[: len(live) - keep_messages]]
+            kept = self._stored  # the history's messages, made once (begin_turn): the same rows, the same objects
+            cut = [
+                kept.get(r.id, r) or kept.put(r.id, r, StoredMessage(*r.stored()))
+                for r in live[: len(live) - keep_messages]
+            ]
+            slices = [m.as_slice() for m in cut]
             archive_id = "a_" + secrets.token_hex(8)
             summary = summarize(cut)
-            trust = trust_of([m.as_slice() for m in cut])
+            trust = trust_of(slices)
             # The idle sweep may have extracted the slice's older messages already: the job
             # extracts only what lies after the mark (the archive still holds the whole slice).
             extracted_through = session.extracted_through or 0
@@ -483,7 +495,7 @@ class SessionStore:
                 end_at=cut[-1].said_at,
                 trust=trust,
                 summary=summary,
-                markdown=render_archive(session, archive_id, cut, trust, summary),
+                markdown=render_archive(session, archive_id, cut, trust, summary, slices=slices),
                 previous_context=(session.previous_context + "\n" + summary).strip()[-context_chars:],
                 extracted_through=max(extracted_through, through),
                 job_payload={
