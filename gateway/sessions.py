@@ -316,10 +316,7 @@ class SessionStore:
         if new_id is None:
             return TurnStart(session_id, None, [], previous, reply=start.reply, speaker=speaker)
         # ordering: each reply right after its message (with several processes a reply may come after a later message).
-        kept = self._stored
-        history = [
-            kept.get(r.id, r) or kept.put(r.id, r, StoredMessage(*r.stored())) for r in in_answer_order(start.rows)
-        ]
+        history = [self._stored_message(r) for r in in_answer_order(start.rows)]
         # ordering: earlier messages still answered elsewhere, read from the rows above (no statement).
         waiting = earlier_in_answer(start.rows, new_id, self.now())
         if start.resumed:
@@ -329,6 +326,11 @@ class SessionStore:
         return TurnStart(
             session_id, history[-1] if history else None, history, previous, waiting_on=waiting, speaker=speaker
         )
+
+    def _stored_message(self, row: MessageRow) -> StoredMessage:
+        """A history row's ``StoredMessage``, made once per row (``gateway/kept.py``): for turns and trims."""
+        kept = self._stored
+        return kept.get(row.id, row) or kept.put(row.id, row, StoredMessage(*row.stored()))
 
     async def get_session(self, session_id: str) -> Session | None:
         """A session row."""
@@ -471,11 +473,7 @@ class SessionStore:
             if len(live_rows) <= max_messages:
                 return None
             live = in_answer_order(live_rows)  # ordering: a message and its reply are cut together
-            kept = self._stored  # the history's messages, made once (begin_turn): the same rows, the same objects
-            cut = [
-                kept.get(r.id, r) or kept.put(r.id, r, StoredMessage(*r.stored()))
-                for r in live[: len(live) - keep_messages]
-            ]
+            cut = [self._stored_message(r) for r in live[: len(live) - keep_messages]]
             slices = [m.as_slice() for m in cut]
             archive_id = "a_" + secrets.token_hex(8)
             summary = summarize(cut)
