@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import text
 
 from gateway.config import Config
+from gateway.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
@@ -77,11 +78,8 @@ class Background:
 
     async def stop(self) -> None:
         """Stop everything this started (the lock goes with its connection)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
         await self._stop_singletons()
         await self.gw.worker.stop()
 

@@ -15,7 +15,6 @@ saw the same quiet session, one writes the job and the other writes nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.models import Job, Message, Session
 from gateway.sessions import StoredMessage, stored_message
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +181,8 @@ class IdleExtractor:
 
     async def stop(self) -> None:
         """Stop sweeping."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
 
 async def messages_between(engine: AsyncEngine, session_id: str, after: int, through: int) -> list[StoredMessage]:

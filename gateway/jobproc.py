@@ -48,6 +48,7 @@ from typing import Any
 
 from gateway.config import Config
 from gateway.hotstore.sqlite import RELEASES
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger("goclaw.jobs")
 
@@ -110,11 +111,8 @@ class JobProcess:
     async def stop(self) -> None:
         """Stop the child: end of file first (it finishes cleanly), then SIGTERM, then SIGKILL."""
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
         proc = self._proc
         self._close_socket()
         if proc is None or proc.returncode is not None:
@@ -122,11 +120,17 @@ class JobProcess:
         try:
             await asyncio.wait_for(proc.wait(), STOP_WAIT_S / 2)
         except TimeoutError:
+            log.warning(
+                "the job process (pid %s) did not stop within %.0f s; sending SIGTERM", proc.pid, STOP_WAIT_S / 2
+            )
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()
             try:
                 await asyncio.wait_for(proc.wait(), STOP_WAIT_S / 2)
             except TimeoutError:
+                log.warning(
+                    "the job process (pid %s) ignored SIGTERM for %.0f s; killing it", proc.pid, STOP_WAIT_S / 2
+                )
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
@@ -273,10 +277,7 @@ async def run_job_process(cfg: Config, fd: int) -> None:
         settle_heap()
         await stop.wait()
     finally:
-        if checkpoints is not None:
-            checkpoints.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await checkpoints
+        await cancel_and_wait(checkpoints)
         loop.remove_reader(sock)
         RELEASES.on_release = None
         await gw.stop()

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from channels.base import ChannelAdapter, OutboundMessage
+from gateway.tasks import cancel_and_wait
 from pairing.notices import NoticeOutbox
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,7 @@ class NoticeDelivery:
     async def stop(self) -> None:
         """Stop polling; a send in progress is cancelled and retried by the next start."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     def wake(self) -> None:
         """Deliver now instead of at the next poll (an approval in this process)."""

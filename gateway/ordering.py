@@ -23,7 +23,6 @@ its own process's lock is not yet stored and not yet in line anywhere else.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -35,6 +34,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.models import Message
+from gateway.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from gateway.sessions import StoredMessage, TurnStart
@@ -115,9 +115,7 @@ class Lease:
         if self._timer is not None:
             self._timer.cancel()
         if self._task is not None and not self._task.done():
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         if clear:
             try:
                 await self._order.set_lease(self.row_id, None)

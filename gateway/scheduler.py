@@ -49,7 +49,6 @@ seam of memory (extraction, the belief-revision judge, consolidation).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import threading
@@ -62,6 +61,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.llm.base import ChatMessage, JsonSchema, LLMProvider
+from gateway.tasks import cancel_and_wait
 from memory.belief_revision import REVISION_SCHEMA, REVISION_SCHEMA_NAME
 from memory.consolidate import (
     BATCH_SIZE,
@@ -215,11 +215,7 @@ class Scheduler:
     async def stop(self) -> None:
         """Stop the loops (a run in progress is cancelled; its merges are whole or not at all)."""
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*tasks)
 
     @property
     def running(self) -> bool:

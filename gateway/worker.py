@@ -13,6 +13,7 @@ from sqlalchemy import delete, update
 from gateway.metrics import Metrics
 from gateway.models import Job
 from gateway.sessions import SessionStore
+from gateway.tasks import cancel_and_wait
 from gateway.write_health import storage_reason
 
 log = logging.getLogger(__name__)
@@ -116,9 +117,7 @@ class JobWorker:
             self._count(job.kind, status)
             return True
         finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            await cancel_and_wait(heartbeat)  # never swallows a stop that lands meanwhile
         if job.kind in self.forget_done:
             await forget_job(self.sessions, job.id)
         else:
@@ -184,8 +183,5 @@ class JobWorker:
 
     async def stop(self) -> None:
         """Stop polling (a running job is cancelled and will be reclaimed after its lease)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)

@@ -16,7 +16,6 @@ Time comes from the injected clock; the loop's waits from the injected
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
@@ -24,6 +23,7 @@ from datetime import datetime, timedelta
 from gateway.automation.runner import SopRunner
 from gateway.automation.schedule import decide_due
 from gateway.automation.store import AutomationStore, RunView
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +113,7 @@ class SopScheduler:
         try:
             await asyncio.wait_for(asyncio.shield(task), timeout=30)
         except TimeoutError:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     @property
     def running(self) -> bool:
@@ -132,7 +130,4 @@ class SopScheduler:
             wait = asyncio.ensure_future(self.sleep(self.poll_seconds))
             stop = asyncio.ensure_future(self._stopping.wait())
             await asyncio.wait({wait, stop}, return_when=asyncio.FIRST_COMPLETED)
-            for pending in (wait, stop):
-                pending.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pending
+            await cancel_and_wait(wait, stop)

@@ -79,3 +79,27 @@ async def test_two_workers_on_one_queue_run_each_job_exactly_once(
         assert {j.status for j in await sessions.jobs()} == {"done"}
     finally:
         await other_engine.dispose()
+
+
+async def test_a_stop_that_lands_as_a_job_ends_stops_the_worker(engine: AsyncEngine, clock: Clock) -> None:
+    # The job's end stops its lease heartbeat and waits one loop turn for it. A stop landing in that
+    # turn was swallowed with the heartbeat's own cancellation: the worker polled on for good, and
+    # goclaw serve's job process never exited until it was killed 30 s later.
+    sessions = SessionStore(engine, clock=clock)
+    await _queue(sessions, 2)
+    ran: list[int] = []
+
+    async def ended(job: Job) -> None:
+        ran.append(job.id)
+        assert worker._task is not None
+        # Queued now, so it runs after this handler returns and before the heartbeat has finished.
+        asyncio.get_running_loop().call_soon(worker._task.cancel)
+
+    worker = JobWorker(sessions, {"extract": ended}, poll_interval=0.05)
+    await worker.start()
+    task = worker._task
+    assert task is not None
+    done, _ = await asyncio.wait({task}, timeout=30)  # only a hang's limit: it ends at once or never
+    assert done, "the worker kept running after it was told to stop"
+    assert task.cancelled()
+    assert len(ran) == 1  # it stopped after the job it was running, not after the queue

@@ -188,7 +188,11 @@ def test_a_busy_gateway_s_wal_is_cut_back_while_turns_go_on(tmp_path: Path) -> N
     finally:
         conn.close()
     assert asked == len(sizes)  # every turn's message kept
-    assert "Traceback" not in log.read_text(), log.read_text()
+    text = log.read_text()
+    assert "Traceback" not in text, text
+    # The job process stopped on its own when serve closed its socket, mid-queue (a stop that landed
+    # as a job ended was once lost: serve waited 15 s, sent SIGTERM, waited 15 more and killed it).
+    assert "did not stop within" not in text, text
 
 
 _ENGINE_COMMITS = """
