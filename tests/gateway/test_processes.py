@@ -65,6 +65,29 @@ def wait_for(condition: Any, what: str, procs: list[subprocess.Popen[str]], limi
         time.sleep(0.1)
 
 
+def stop_processes(procs: list[subprocess.Popen[str]], what: str, limit: float = 30) -> list[int]:
+    """SIGTERM each of ``procs`` still running, once, and wait for them all; their exit statuses.
+
+    A process that outlives ``limit`` (only a hang's limit: goclaw stops in well under a second)
+    is killed, so a hang never leaves it running into the next test, and the test fails saying so.
+    """
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + limit
+    hung = []
+    for n, p in enumerate(procs):
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            hung.append(n)
+    if hung:
+        raise AssertionError(f"{what} {hung} did not stop within {limit:.0f} s of SIGTERM; killed")
+    return [p.returncode for p in procs]
+
+
 def healthy(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
@@ -159,15 +182,7 @@ def stack(pg_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
         )
         yield {"url": pg_url, "ports": ports, "tokens": tokens, "peer_log": peer_log, "logs": logs, "procs": procs}
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs, "peer, serve and worker processes")
     for name, path in logs.items():
         assert "Traceback" not in path.read_text(), f"{name}:\n{path.read_text()}"
 
@@ -358,8 +373,7 @@ def test_serve_with_two_workers_shares_the_port_and_stops_on_sigterm(pg_url: str
             status, body = _post(port, token, "shared", f"s0-m{i} hello", f"s0-m{i}")
             assert status == 200 and body["reply"], body
     finally:
-        parent.send_signal(signal.SIGTERM)
-        parent.wait(timeout=60)
+        stop_processes([parent], "goclaw serve --workers 2", limit=60)
     assert parent.returncode == 0, log.read_text()
     assert "Traceback" not in log.read_text()
     assert not healthy(port)
@@ -424,10 +438,7 @@ def test_on_sqlite_a_slow_job_runs_in_the_job_process_and_turns_go_on(tmp_path: 
 
         wait_for(extract_done, "the job to finish", procs)
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            p.wait(timeout=30)
+        stop_processes(procs, "process")
     log = (tmp_path / "serve.log").read_text()
     assert procs[1].returncode == 0, log
     assert "Traceback" not in log
@@ -513,10 +524,10 @@ def test_on_sqlite_the_job_process_is_restarted_on_serve_s_config_and_never_outl
         serve.wait(timeout=30)
         wait_for(lambda: _gone(pids[0]), "the job process to exit after serve died", [])
     finally:
-        if serve.poll() is None:
-            serve.send_signal(signal.SIGTERM)
-            serve.wait(timeout=30)
-        for pid in _job_pids(log):
-            if not _gone(pid):
-                os.kill(pid, signal.SIGKILL)
+        try:
+            stop_processes([serve], "goclaw serve")
+        finally:
+            for pid in _job_pids(log):
+                if not _gone(pid):
+                    os.kill(pid, signal.SIGKILL)
     assert "Traceback" not in log.read_text(), log.read_text()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -21,7 +20,16 @@ import threading
 from pathlib import Path
 
 from gateway.hotstore.sqlite import checkpoint_connection, checkpoint_wal
-from tests.gateway.test_processes import _in_database_file, _post, _seed, _spawn, free_port, healthy, wait_for
+from tests.gateway.test_processes import (
+    _in_database_file,
+    _post,
+    _seed,
+    _spawn,
+    free_port,
+    healthy,
+    stop_processes,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 64 * 1024  # 15 frames of 4 KB pages
@@ -180,8 +188,7 @@ def test_a_busy_gateway_s_wal_is_cut_back_while_turns_go_on(tmp_path: Path) -> N
         assert max(sizes) > limit
         assert sizes[-1] <= limit + 256 * 1024  # at the limit, and the frames of the turn just made
     finally:
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(timeout=30)
+        stop_processes([serve], "goclaw serve")
     conn = sqlite3.connect(tmp_path / "g.db")
     try:
         asked = conn.execute("SELECT count(*) FROM messages WHERE is_agent = 0").fetchone()[0]
