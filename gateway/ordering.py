@@ -114,8 +114,7 @@ class Lease:
         """Stop renewing; ``clear`` (a failed turn) lets the session's next message go now."""
         if self._timer is not None:
             self._timer.cancel()
-        if self._task is not None and not self._task.done():
-            await cancel_and_wait(self._task)
+        await cancel_and_wait(self._task)  # None, or done, costs nothing
         if clear:
             try:
                 await self._order.set_lease(self.row_id, None)
