@@ -25,9 +25,10 @@ from gateway.idle import IdleExtractor
 from gateway.llm.base import LLMProvider
 from gateway.memory_glue import GatewayMemory, build_memory
 from gateway.metrics import Metrics
+from gateway.models import Job
 from gateway.notices import NoticeDelivery
 from gateway.revise_job import FORGET_DONE
-from gateway.sessions import SessionKey, SessionStore
+from gateway.sessions import TRIM_JOB, SessionKey, SessionStore, principal_from_json
 from gateway.turn import TurnHandler, TurnRequest, TurnResult
 from gateway.web.app import WebContext, build_web_app
 from gateway.web.dashboard import mount_dashboard
@@ -63,8 +64,12 @@ class Gateway:
         clock: Callable[[], datetime] | None = None,
         engine: AsyncEngine | None = None,
         inline_driver: bool = False,
+        trim_jobs: bool = False,
     ) -> None:
         self.config = config
+        # Trims queued as ``trim`` jobs for the job process or ``goclaw worker`` (``goclaw serve`` and the
+        # background gateways), or run on this loop after the reply (a gateway embedded in code: the tests).
+        self._trim_jobs = trim_jobs
         # The background thread's gateway: on SQLite, its driver calls are made inline
         # (gateway/sqlite_inline.py); nothing on its loop answers a turn.
         self._inline_driver = inline_driver
@@ -114,12 +119,14 @@ class Gateway:
             await facts.before_step()
 
         self.sop_before_step.append(route_findings)
+        job_handlers[TRIM_JOB] = self._trim_job
         self.worker = JobWorker(
             self.sessions,
             job_handlers,
             metrics=self.metrics,
             lease_s=self.config.session.job_lease_seconds,
-            forget_done=FORGET_DONE,
+            # A done trim job is deleted: its archive and extraction job are its record.
+            forget_done=FORGET_DONE | {TRIM_JOB},
         )
         self.idle = IdleExtractor(
             self.engine,
@@ -135,6 +142,7 @@ class Gateway:
             metrics=self.metrics,
             clock=self.clock,
             on_trim=lambda _r: self.wake_worker(),
+            trim_jobs=self._trim_jobs,
         )
         self.automation = Automation(
             config=self.config.automation,
@@ -207,6 +215,11 @@ class Gateway:
                 token, self.dispatcher.handle, shard_ids=ch.discord.shard_ids, shard_count=ch.discord.shard_count
             )
             self.channel_state["discord"] = "stopped"
+
+    async def _trim_job(self, job: Job) -> None:
+        """A ``trim`` job: trim its session now, as the turn that queued it would have (nothing to cut: nothing)."""
+        payload = job.payload
+        await self.turns.trim(str(payload["session_id"]), principal_from_json(payload["turn_principal"]))
 
     def wake_worker(self) -> None:
         """Tell the job worker there is work (a trim's extraction job, a deferred revision)."""

@@ -144,7 +144,8 @@ async def _start_worker_gateway(
 ) -> tuple[Gateway, Background]:
     from gateway.app import Gateway
 
-    gw = Gateway(cfg, inline_driver=inline_driver)
+    # Its SOP runs' trims are jobs too: for the job process (inline), or for this worker's own job worker.
+    gw = Gateway(cfg, inline_driver=inline_driver, trim_jobs=True)
     if metrics is not None:
         gw.metrics = metrics  # the serving process's /metrics shows the jobs too
     await gw.start(channels=False, worker=False)

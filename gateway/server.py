@@ -81,7 +81,8 @@ async def serve_forever(cfg: Config, *, child: int | None = None, config_path: s
         from gateway.db import checkpoint_elsewhere
 
         checkpoint_elsewhere()  # the job process copies the WAL into the database file, not the turns' loop
-    gw = Gateway(cfg)
+    # Its trims are jobs: the job process (inline), or the ``goclaw worker`` of --workers N or of separate mode.
+    gw = Gateway(cfg, trim_jobs=True)
     await gw.start(channels=False, worker=False)
     thread: WorkerThread | None = None
     jobs: JobProcess | None = None

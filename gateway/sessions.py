@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from gateway.explain import TurnExplanation
 
 
+TRIM_JOB = "trim"
+"""A durable job that trims one session (``TurnHandler`` queues it after the reply when trims run as jobs)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SessionKey:
     """Where a conversation happens."""
@@ -513,6 +517,15 @@ class SessionStore:
             return None
         done = planned[-1]  # a retry after a busy database plans again; the last plan is what was written
         return TrimResult(done.archive_id, job_id, len(done.message_ids), done.trust, done.summary)
+
+    async def queue_trim(self, session_id: str, turn_principal: Principal) -> int:
+        """Record a ``trim`` job for the session (run by the job process or ``goclaw worker``); returns its id.
+
+        The job trims as ``trim`` does, when it runs: a session already trimmed by then
+        (another job, another process) has nothing to cut and the job does nothing.
+        """
+        payload = {"session_id": session_id, "turn_principal": principal_json(turn_principal)}
+        return await self._hot.queue_job(TRIM_JOB, payload, self.now())
 
     async def archive_messages(self, archive_id: str) -> list[StoredMessage]:
         """The messages of one trimmed slice, oldest first."""

@@ -190,7 +190,8 @@ class TurnHandler:
         memory: MemoryGlue | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], datetime] | None = None,
-        on_trim: Callable[[TrimResult], None] | None = None,
+        on_trim: Callable[[TrimResult | None], None] | None = None,
+        trim_jobs: bool = False,
     ) -> None:
         self.config = config
         self.sessions = sessions
@@ -199,6 +200,9 @@ class TurnHandler:
         self.metrics = metrics or Metrics()
         self._clock = clock or (lambda: datetime.now(UTC))
         self._on_trim = on_trim
+        # Trims as durable ``trim`` jobs, run where the other jobs run (the job process, ``goclaw worker``),
+        # never on this loop: ``goclaw serve`` sets it; ``on_trim`` is called with None once one is queued.
+        self.trim_jobs = trim_jobs
         self._locks: dict[SessionKey, asyncio.Lock] = {}
         self._waiting: dict[SessionKey, int] = {}
         # Bounds model calls in flight, never a whole turn: a session waiting for the
@@ -220,6 +224,13 @@ class TurnHandler:
         trimmed history. It is one transaction: a crash before it only means the
         next turn of the session trims. ``result.trimmed`` is set when it is done
         (``await settled()`` waits for every pending trim).
+
+        With ``trim_jobs`` the same moment only queues a ``trim`` job (one short
+        insert), and the job process or ``goclaw worker`` trims: the trim's CPU (about
+        a millisecond, the slice's archive and summary) is then never on this loop,
+        where it fell into the latency of every turn in flight beside it.
+        ``result.trimmed`` stays None; the session's next turn may still see the
+        history untrimmed, and the trim the job makes is the same one transaction.
         """
         started = time.perf_counter()
         # The place in line is taken before the first await, so messages of one
@@ -270,7 +281,12 @@ class TurnHandler:
         self, key: SessionKey, lock: asyncio.Lock, result: TurnResult, principal: Principal
     ) -> None:
         try:
-            result.trimmed = await self._trim(result.session_id, principal)
+            if self.trim_jobs:
+                await self.sessions.queue_trim(result.session_id, principal)
+                if self._on_trim:
+                    self._on_trim(None)
+            else:
+                result.trimmed = await self.trim(result.session_id, principal)
         except Exception:
             # Nothing is lost: the history stays as it was and the next turn trims.
             log.exception("session %s: trim failed; the next turn will trim", result.session_id)
@@ -469,7 +485,8 @@ class TurnHandler:
             return await self.sessions.stored_reply(stored.id) or text, None
         return text, row.turn_record_id
 
-    async def _trim(self, session_id: str, principal: Principal) -> TrimResult | None:
+    async def trim(self, session_id: str, principal: Principal) -> TrimResult | None:
+        """Trim the session now if its history passed ``max_messages`` (after a reply, or a ``trim`` job)."""
         result = await self.sessions.trim(
             session_id,
             max_messages=self.config.session.max_messages,

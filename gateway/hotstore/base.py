@@ -239,6 +239,10 @@ class HotStore(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def queue_job(self, kind: str, payload: dict[str, Any], now: datetime) -> int:
+        """Record a pending job of ``kind``, due at ``now``, in a transaction of its own; returns its id."""
+
+    @abc.abstractmethod
     async def finish_job(self, job_id: int, now: datetime) -> None:
         """Mark a job done."""
 

@@ -44,8 +44,8 @@ _STORE, _TURN_RECORD, _USER_ROLE, _IDENTITY_ROLE = (
     numbered(q) for q in (sql.STORE, sql.TURN_RECORD, sql.USER_ROLE, sql.IDENTITY_ROLE)
 )
 _TRIM_SESSION = numbered(sql.TRIM_SESSION) + " FOR UPDATE"
-_LIVE, _ARCHIVE, _TRIMMED_SESSION, _EXTRACT_JOB = (
-    numbered(q) for q in (sql.LIVE, sql.ARCHIVE, sql.TRIMMED_SESSION, sql.EXTRACT_JOB)
+_LIVE, _ARCHIVE, _TRIMMED_SESSION, _EXTRACT_JOB, _QUEUE_JOB = (
+    numbered(q) for q in (sql.LIVE, sql.ARCHIVE, sql.TRIMMED_SESSION, sql.EXTRACT_JOB, sql.QUEUE_JOB)
 )
 # One round trip: the oldest runnable job, skipping rows another worker has locked, claimed in the same statement.
 _CLAIM_JOB = (
@@ -309,6 +309,12 @@ class PostgresHotStore(HotStore):
         pool = await self._get_pool()
         row = await pool.fetchrow(_CLAIM_JOB, worker_id, _aware(now), list(kinds), _aware(stale_before))
         return None if row is None else JobRow(*row)
+
+    async def queue_job(self, kind: str, payload: dict[str, Any], now: datetime) -> int:
+        """Record a pending job of ``kind``, due at ``now`` (one statement, its own commit); returns its id."""
+        pool = await self._get_pool()
+        at = _aware(now)
+        return int(await pool.fetchval(_QUEUE_JOB, kind, payload, at, at))
 
     async def finish_job(self, job_id: int, now: datetime) -> None:
         """Mark a job done."""

@@ -68,6 +68,11 @@ EXTRACT_JOB = (
     "INSERT INTO jobs (kind, payload, status, attempts, run_after, created_at)"
     " VALUES ('extract', ?, 'pending', 0, ?, ?) RETURNING id"
 )
+# A job queued by a turn (a trim, run by the job process or ``goclaw worker``), due now.
+QUEUE_JOB = (
+    "INSERT INTO jobs (kind, payload, status, attempts, run_after, created_at)"
+    " VALUES (?, ?, 'pending', 0, ?, ?) RETURNING id"
+)
 
 # ---- the job queue (the worker's every job: claim, the trimmed slice, done) -------------
 JOB_COLUMNS = (

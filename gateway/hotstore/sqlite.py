@@ -383,6 +383,15 @@ class SQLiteHotStore(HotStore):
                 return claimed
         return None
 
+    async def queue_job(self, kind: str, payload: dict[str, Any], now: datetime) -> int:
+        """Record a pending job of ``kind``, due at ``now``; returns its id."""
+        at, text = encode_time(now), json.dumps(payload)
+
+        def body(conn: sqlite3.Connection) -> int:
+            return int(conn.execute(sql.QUEUE_JOB, (kind, text, at, at)).fetchone()[0])
+
+        return await self._run(body, write=True)
+
     async def finish_job(self, job_id: int, now: datetime) -> None:
         """Mark a job done."""
         await self._run(lambda conn: conn.execute(sql.FINISH_JOB, (encode_time(now), job_id)), write=True)

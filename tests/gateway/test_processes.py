@@ -466,11 +466,47 @@ def _in_database_file(path: Path, table: str = "messages") -> int:
         conn.close()
 
 
-def _jobs_done(port: int) -> float:
+def _jobs_done(port: int, kind: str = "extract") -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    found = re.search(r'^goclaw_jobs_total\{kind="extract",outcome="done"\} ([0-9.]+)$', text, re.M)
+    found = re.search(rf'^goclaw_jobs_total\{{kind="{kind}",outcome="done"\}} ([0-9.]+)$', text, re.M)
     return float(found.group(1)) if found else 0.0
+
+
+def test_on_sqlite_serve_s_trims_are_jobs_the_job_process_runs(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
+    users = asyncio.run(_seed(url, 1))
+    token = "trimjob-token-0123456789abcdef"
+    port = free_port()
+    cfg = {
+        "database": {"url": url},
+        "server": {"port": port, "api_users": [{"token": token, "user": users[0]}]},
+        "session": {"max_messages": 4, "keep_messages": 2, "idle_extract_seconds": 0},
+        "logging": {"level": "INFO"},
+    }
+    (tmp_path / "config.yaml").write_text(json.dumps(cfg))
+    log = tmp_path / "serve.log"
+    procs = [_spawn(["-m", "gateway", "serve", "--config", "config.yaml"], tmp_path, log)]
+    try:
+        wait_for(lambda: healthy(port), "goclaw serve", procs)
+        for i in range(3):  # the third passes max_messages (4): serve queues a trim job after its reply
+            status, body = _post(port, token, "room", f"t-m{i} what is on the agenda", f"t-m{i}")
+            assert status == 200, body
+        # The job process ran the trim (its jobs are counted in serve's /metrics), then the extraction it queued.
+        wait_for(lambda: _jobs_done(port, "trim") >= 1, "the trim job, counted in /metrics", procs)
+        wait_for(lambda: _jobs_done(port, "extract") >= 1, "the trim's extraction job", procs)
+        msgs, jobs = asyncio.run(_rows(url))
+        assert [j.kind for j in jobs] == ["extract"]  # the done trim job is forgotten; its archive is its record
+        archived = [m.platform_message_id for m in msgs if m.archive_id is not None]
+        assert archived == ["t-m0", "t-m0:reply", "t-m1", "t-m1:reply"]
+        assert [m.platform_message_id for m in msgs if m.archive_id is None] == ["t-m2", "t-m2:reply"]
+        # The next turn is answered after the trim, from the history it left.
+        status, body = _post(port, token, "room", "t-m3 and tomorrow", "t-m3")
+        assert status == 200, body
+    finally:
+        stop_processes(procs, "goclaw serve")
+    assert procs[0].returncode == 0
+    assert "Traceback" not in log.read_text()
 
 
 def test_on_sqlite_the_job_process_is_restarted_on_serve_s_config_and_never_outlives_serve(tmp_path: Path) -> None:

@@ -24,7 +24,10 @@ async def overview(request: web.Request) -> web.StreamResponse:
         channels.append({"name": name, "state": state, "dm_policy": section.dm_policy.value})
     warnings = list(cfg.warnings)
     if jobs.get("failed"):
-        warnings.append(f"{jobs['failed']} extraction job(s) are parked (failed); see 'goclaw jobs' / the logs")
+        warnings.append(
+            f"{jobs['failed']} background job(s) (trims, extraction, revision) are parked (failed): "
+            "their errors are in the jobs table's last_error and the job worker's log"
+        )
     if counts.get("unverified"):
         warnings.append(f"{counts['unverified']} learned record(s) await review (Review page)")
     warnings += [f"channel {c['name']}: {c['state']}" for c in channels if str(c["state"]).startswith("failed")]

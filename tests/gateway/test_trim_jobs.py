@@ -1,0 +1,118 @@
+"""Trims as durable jobs (issue 14, target 3): ``goclaw serve`` queues them and the job process runs them.
+
+The turn's loop only records a ``trim`` job after the reply; whoever runs the jobs makes the
+same trim, in the same one transaction, the turn would have made. On both databases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+
+from gateway.app import Gateway
+from gateway.config import Config
+from gateway.llm.base import ChatMessage, Completion, JsonSchema, Tool
+from gateway.llm.builtin import BuiltinProvider
+from gateway.sessions import TRIM_JOB, SessionKey
+from gateway.turn import TurnRequest, TurnResult
+from pairing import Principal
+from tests.conftest import Clock
+
+ROOM = SessionKey("api", "room-1")
+
+
+class SeeingBuiltin(BuiltinProvider):
+    """The offline model, noting how many history lines each answer was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, tools: Sequence[Tool] = (), json_schema: JsonSchema | None = None
+    ) -> Completion:
+        if json_schema is None and not any(m.role == "tool" for m in messages):
+            self.seen.append(sum(m.role != "system" for m in messages))
+        return await super().complete(messages, tools=tools, json_schema=json_schema)
+
+
+@pytest.fixture
+async def gw(db_url: str, clock: Clock) -> AsyncIterator[Gateway]:
+    cfg = Config.model_validate(
+        {"database": {"url": db_url}, "session": {"max_messages": 6, "keep_messages": 2, "idle_extract_seconds": 0}}
+    )
+    gateway = Gateway(cfg, provider=SeeingBuiltin(), clock=clock, trim_jobs=True)
+    await gateway.start(channels=False, worker=False)
+    try:
+        yield gateway
+    finally:
+        await gateway.stop()
+
+
+async def alice(gw: Gateway) -> Principal:
+    user = await gw.pairing.add_user("Alice", "user")
+    principal = await gw.pairing.principal_for_user(user.id)
+    assert principal is not None
+    return principal
+
+
+async def say(gw: Gateway, clock: Clock, who: Principal, i: int) -> TurnResult:
+    clock.advance(minutes=1)
+    result = await gw.turns.handle(TurnRequest(ROOM, who, f"what is on the agenda for day {i}", f"m{i}", clock.now))
+    await gw.turns.settled()  # the moment after the reply: the trim job is queued by now
+    return result
+
+
+async def test_the_turn_queues_the_trim_and_the_job_makes_it_in_one_transaction(gw: Gateway, clock: Clock) -> None:
+    who = await alice(gw)
+    results = [await say(gw, clock, who, i) for i in range(4)]  # 8 messages: past max_messages (6)
+    sid = results[-1].session_id
+    # The turn's loop trimmed nothing: it queued the job, and the history is whole meanwhile.
+    assert [r.trimmed for r in results] == [None] * 4
+    assert [j.kind for j in await gw.sessions.jobs(status="pending")] == [TRIM_JOB]
+    assert await gw.sessions.list_archives(session_id=sid) == []
+    assert len(await gw.sessions.history(sid)) == 8
+    # The worker runs it: the trim, then the extraction job the trim wrote with its archive.
+    assert await gw.worker.drain() == 2
+    (archive,) = await gw.sessions.list_archives(session_id=sid)
+    assert archive.message_count == 6
+    live = await gw.sessions.history(sid)
+    assert [m.text for m in live[:1]] == ["what is on the agenda for day 3"] and len(live) == 2
+    assert "day 0" in await gw.sessions.previous_context(sid)  # the slice's summary, for the next prompts
+    # A done trim job is forgotten (its archive and extraction job are its record); the extraction ran once.
+    jobs = await gw.sessions.jobs()
+    assert [(j.kind, j.status, j.payload["archive_id"]) for j in jobs] == [("extract", "done", archive.id)]
+    # The next turn is answered from the trimmed history: the two kept lines and its own.
+    await say(gw, clock, who, 4)
+    assert gw.provider.seen[-1] == 3  # type: ignore[attr-defined]
+
+
+async def test_turns_that_outrun_the_worker_queue_again_and_the_session_is_cut_once(gw: Gateway, clock: Clock) -> None:
+    who = await alice(gw)
+    results = [await say(gw, clock, who, i) for i in range(6)]  # past max_messages at the 4th, 5th and 6th
+    sid = results[-1].session_id
+    queued = await gw.sessions.jobs(status="pending")
+    assert [j.kind for j in queued] == [TRIM_JOB] * 3
+    assert all(j.payload["turn_principal"]["user_id"] == who.user_id for j in queued)
+    # The first job cuts all but keep_messages; the two after it find nothing to cut.
+    assert await gw.worker.drain() == 4
+    (archive,) = await gw.sessions.list_archives(session_id=sid)
+    assert archive.message_count == 10
+    assert len(await gw.sessions.history(sid)) == 2
+    jobs = await gw.sessions.jobs()
+    assert [(j.kind, j.status) for j in jobs] == [("extract", "done")]  # one archive, one extraction
+
+
+async def test_a_trim_job_whose_worker_died_is_run_again_and_trims_once(gw: Gateway, clock: Clock) -> None:
+    who = await alice(gw)
+    sid = [await say(gw, clock, who, i) for i in range(4)][-1].session_id
+    lease = gw.config.session.job_lease_seconds
+    claimed = await gw.sessions.claim_job("w-dead", kinds=(TRIM_JOB,), lease_s=lease)
+    assert claimed is not None and claimed.kind == TRIM_JOB  # ... and its worker is killed here
+    assert await gw.worker.drain() == 0  # a live lease: nobody else takes it
+    clock.advance(seconds=lease + 1)
+    assert await gw.worker.drain() == 2
+    (archive,) = await gw.sessions.list_archives(session_id=sid)
+    assert archive.message_count == 6
+    assert [j.kind for j in await gw.sessions.jobs()] == ["extract"]
