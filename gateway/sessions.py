@@ -562,11 +562,21 @@ class SessionStore:
         return None if row is None else Job(**row._asdict())
 
     async def finish_and_claim_job(
-        self, job_id: int, worker_id: str, *, kinds: Sequence[str] = ("extract",), lease_s: float = 30
+        self,
+        job_id: int,
+        worker_id: str,
+        *,
+        kinds: Sequence[str] = ("extract",),
+        lease_s: float = 30,
+        forget: bool = False,
     ) -> Job | None:
-        """Mark a job done and claim the next runnable one, as ``claim_job`` (the SQLite store: one transaction)."""
+        """Mark a job done (``forget``: delete it) and claim the next runnable one, as ``claim_job``.
+
+        The SQLite store does both in one transaction.
+        """
         now = self.now()
-        row = await self._hot.finish_and_claim(job_id, worker_id, tuple(kinds), now, now - timedelta(seconds=lease_s))
+        stale_before = now - timedelta(seconds=lease_s)
+        row = await self._hot.finish_and_claim(job_id, worker_id, tuple(kinds), now, stale_before, forget=forget)
         return None if row is None else Job(**row._asdict())
 
     async def finish_job(self, job_id: int, s: AsyncSession | None = None) -> None:

@@ -8,7 +8,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 
-from sqlalchemy import delete, update
+from sqlalchemy import update
 
 from gateway.metrics import Metrics
 from gateway.models import Job
@@ -28,12 +28,6 @@ async def renew_lease(sessions: SessionStore, job_id: int, worker_id: str) -> bo
             .values(locked_at=sessions.now())
         )
         return bool(res.rowcount)  # type: ignore[attr-defined]
-
-
-async def forget_job(sessions: SessionStore, job_id: int) -> None:
-    """Delete a finished job whose outcome is recorded elsewhere (a ``revise`` job: its revision rows)."""
-    async with sessions.transaction() as s:
-        await s.execute(delete(Job).where(Job.id == job_id))
 
 
 class ParkableError(Exception):
@@ -118,15 +112,17 @@ class JobWorker:
             return True
         finally:
             await cancel_and_wait(heartbeat)  # never swallows a stop that lands meanwhile
-        if job.kind in self.forget_done:
-            await forget_job(self.sessions, job.id)
-        else:
-            # The next job is claimed as this one is finished (one write instead of two); the next
-            # call runs it at once, with nothing awaited in between, so it is never left claimed and
-            # idle (a cancellation lands in its handler, as for any running job: lease, then retry).
-            self._next = await self.sessions.finish_and_claim_job(
-                job.id, self.worker_id, kinds=tuple(self.handlers), lease_s=self.lease_s
-            )
+        # The next job is claimed as this one is finished (one write instead of two); the next
+        # call runs it at once, with nothing awaited in between, so it is never left claimed and
+        # idle (a cancellation lands in its handler, as for any running job: lease, then retry).
+        # A kind in ``forget_done`` is deleted instead of kept as done.
+        self._next = await self.sessions.finish_and_claim_job(
+            job.id,
+            self.worker_id,
+            kinds=tuple(self.handlers),
+            lease_s=self.lease_s,
+            forget=job.kind in self.forget_done,
+        )
         self._count(job.kind, "done")
         return True
 

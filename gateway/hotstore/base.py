@@ -246,11 +246,28 @@ class HotStore(abc.ABC):
     async def finish_job(self, job_id: int, now: datetime) -> None:
         """Mark a job done."""
 
+    @abc.abstractmethod
+    async def forget_job(self, job_id: int) -> None:
+        """Delete a done job whose outcome has its own record (a trim's archive, a revision's rows)."""
+
     async def finish_and_claim(
-        self, job_id: int, worker_id: str, kinds: Sequence[str], now: datetime, stale_before: datetime
+        self,
+        job_id: int,
+        worker_id: str,
+        kinds: Sequence[str],
+        now: datetime,
+        stale_before: datetime,
+        *,
+        forget: bool = False,
     ) -> JobRow | None:
-        """Mark a job done, then claim the next as ``claim_job`` does (the SQLite store: in one transaction)."""
-        await self.finish_job(job_id, now)
+        """Mark a job done (``forget``: delete it), then claim the next as ``claim_job`` does.
+
+        The SQLite store does both in one write transaction.
+        """
+        if forget:
+            await self.forget_job(job_id)
+        else:
+            await self.finish_job(job_id, now)
         return await self.claim_job(worker_id, kinds, now, stale_before)
 
     @abc.abstractmethod

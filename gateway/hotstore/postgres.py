@@ -54,7 +54,8 @@ _CLAIM_JOB = (
     " AND ((status = 'pending' AND run_after <= $2) OR (status = 'running' AND locked_at < $4))"
     " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING " + sql.JOB_COLUMNS
 )
-_FINISH_JOB, _ARCHIVE_MESSAGES = numbered(sql.FINISH_JOB), numbered(sql.ARCHIVE_MESSAGES)
+_FINISH_JOB, _FORGET_JOB = numbered(sql.FINISH_JOB), numbered(sql.FORGET_JOB)
+_ARCHIVE_MESSAGES = numbered(sql.ARCHIVE_MESSAGES)
 # A turn's common case in one statement (it commits on its own): the session exists and the message is
 # new. The new row comes back from the insert; the rest of the history is the session's untrimmed rows
 # in the statement's snapshot, all older than it. Anything else (a new session, a message stored before)
@@ -320,6 +321,11 @@ class PostgresHotStore(HotStore):
         """Mark a job done."""
         pool = await self._get_pool()
         await pool.execute(_FINISH_JOB, _aware(now), job_id)
+
+    async def forget_job(self, job_id: int) -> None:
+        """Delete a done job."""
+        pool = await self._get_pool()
+        await pool.execute(_FORGET_JOB, job_id)
 
     async def archive_messages(self, archive_id: str) -> list[MessageRow]:
         """The messages of one trimmed slice, oldest first."""

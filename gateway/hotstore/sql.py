@@ -99,6 +99,8 @@ CLAIM_JOB = (
     " WHERE id = ? AND status = ? AND attempts = ? RETURNING " + JOB_COLUMNS
 )
 FINISH_JOB = "UPDATE jobs SET status = 'done', finished_at = ?, last_error = NULL WHERE id = ?"
+# A done job whose outcome is recorded elsewhere (a trim's archive, a revision's rows) is deleted instead.
+FORGET_JOB = "DELETE FROM jobs WHERE id = ?"
 # By the archive's session first: messages are indexed by (session_id, archive_id, id); by
 # archive_id alone it was a scan of every stored message (1 ms at 13,000, growing with them).
 ARCHIVE_MESSAGES = (

@@ -39,6 +39,7 @@ from gateway.hotstore.base import (
     NewMessage,
     TrimPlan,
     TrimSession,
+    TrimWrite,
     TurnMessage,
     TurnRows,
     crash_point,
@@ -358,8 +359,31 @@ class SQLiteHotStore(HotStore):
         return await self._run(body, write=False)
 
     async def trim(self, session_id: str, plan: TrimPlan) -> int | None:
-        """One trim in one ``BEGIN IMMEDIATE`` transaction."""
-        return await self._run(lambda conn: _trim(conn, session_id, plan, self._decoded), write=True)
+        """One trim, written in one ``BEGIN IMMEDIATE`` transaction, planned before it.
+
+        The plan (the slice's summary, trust and archive markdown) is most of a trim's
+        CPU, about a millisecond; made inside the write transaction it held SQLite's one
+        write lock that long, and longer when the job process (nice +10) was preempted
+        meanwhile: every turn's write waited (a busy-wait per turn and a half, under 8
+        clients, measured). So it is planned from a read of the session and its live
+        rows, and the write transaction reads their keys again: unchanged (no message
+        stored or answered meanwhile, the session row as read), it writes that plan;
+        changed, it plans again inside, as a single transaction always did.
+        """
+        read = await self._run(lambda conn: _trim_read(conn, session_id, self._decoded), write=False)
+        if read is None:
+            return None
+        session, keys, live = read
+        planned = plan(session, live)
+        if planned is None:
+            return None
+
+        def write(conn: sqlite3.Connection) -> int | None:
+            if _trim_state(conn, session_id) != (session, keys):
+                return _trim(conn, session_id, plan, self._decoded)
+            return _trim_write(conn, session_id, planned)
+
+        return await self._run(write, write=True)
 
     # ---- the job queue ---------------------------------------------------------------------
 
@@ -396,10 +420,21 @@ class SQLiteHotStore(HotStore):
         """Mark a job done."""
         await self._run(lambda conn: conn.execute(sql.FINISH_JOB, (encode_time(now), job_id)), write=True)
 
+    async def forget_job(self, job_id: int) -> None:
+        """Delete a done job."""
+        await self._run(lambda conn: conn.execute(sql.FORGET_JOB, (job_id,)), write=True)
+
     async def finish_and_claim(
-        self, job_id: int, worker_id: str, kinds: Sequence[str], now: datetime, stale_before: datetime
+        self,
+        job_id: int,
+        worker_id: str,
+        kinds: Sequence[str],
+        now: datetime,
+        stale_before: datetime,
+        *,
+        forget: bool = False,
     ) -> JobRow | None:
-        """Mark a job done and claim the next runnable one in the same write transaction.
+        """Mark a job done (``forget``: delete it) and claim the next runnable one in the same write transaction.
 
         A job process working through a queue took the write lock twice between jobs
         (the finish, then the claim), and a turn that met either waited for the
@@ -409,7 +444,10 @@ class SQLiteHotStore(HotStore):
         find = _runnable_job(kinds, at, stale_before)
 
         def body(conn: sqlite3.Connection) -> JobRow | None:
-            conn.execute(sql.FINISH_JOB, (at, job_id))
+            if forget:
+                conn.execute(sql.FORGET_JOB, (job_id,))
+            else:
+                conn.execute(sql.FINISH_JOB, (at, job_id))
             found = conn.execute(*find).fetchone()
             return None if found is None else _take_job(conn, worker_id, at, *found)
 
@@ -632,17 +670,45 @@ def _store_message(
     return found[0], record_id
 
 
+def _trim_state(conn: sqlite3.Connection, session_id: str) -> tuple[TrimSession | None, list[tuple[Any, ...]]]:
+    """The session row a trim plans from, and its live rows' keys (id, created_at, answering_until)."""
+    row = conn.execute(sql.TRIM_SESSION, (session_id,)).fetchone()
+    if row is None:
+        return None, []
+    return TrimSession(*row), conn.execute(sql.LIVE_KEYS, (session_id,)).fetchall()
+
+
+def _trim_read(
+    conn: sqlite3.Connection, session_id: str, decoded: Kept[tuple[Any, ...], MessageRow]
+) -> tuple[TrimSession, list[tuple[Any, ...]], list[MessageRow]] | None:
+    """The session, its live rows' keys and the rows, from one read transaction (one snapshot)."""
+    conn.execute("BEGIN")
+    try:
+        session, keys = _trim_state(conn, session_id)
+        if session is None:
+            return None
+        live = _kept_rows(conn, keys, lambda: conn.execute(sql.KEYED_LIVE, (session_id,)).fetchall(), decoded)
+        return session, keys, live
+    finally:
+        conn.execute("COMMIT")
+
+
 def _trim(
     conn: sqlite3.Connection, session_id: str, plan: TrimPlan, decoded: Kept[tuple[Any, ...], MessageRow]
 ) -> int | None:
-    row = conn.execute(sql.TRIM_SESSION, (session_id,)).fetchone()
-    if row is None:
+    """Plan and write a trim inside the caller's write transaction."""
+    session, keys = _trim_state(conn, session_id)
+    if session is None:
         return None
-    keys = conn.execute(sql.LIVE_KEYS, (session_id,)).fetchall()
     live = _kept_rows(conn, keys, lambda: conn.execute(sql.KEYED_LIVE, (session_id,)).fetchall(), decoded)
-    w = plan(TrimSession(*row), live)
+    w = plan(session, live)
     if w is None:
         return None
+    return _trim_write(conn, session_id, w)
+
+
+def _trim_write(conn: sqlite3.Connection, session_id: str, w: TrimWrite) -> int:
+    """Write a planned trim: mark the slice, its archive, the session's context and mark, its extraction job."""
     marks = ",".join("?" * len(w.message_ids))
     conn.execute(f"UPDATE messages SET archive_id = ? WHERE id IN ({marks})", (w.archive_id, *w.message_ids))
     crash_point(w, "mark")

@@ -653,6 +653,19 @@ async def test_finishing_a_job_claims_the_next_once_and_the_last_finishes_alone(
         await other_engine.dispose()
 
 
+async def test_a_forgotten_job_is_deleted_as_the_next_is_claimed(engine: AsyncEngine, clock: Clock) -> None:
+    store = SessionStore(engine, clock=clock)
+    for i in range(2):
+        await _trimmed(store, f"conv-{i}")
+    first = await store.claim_job("w1", lease_s=60)
+    assert first is not None
+    nxt = await store.finish_and_claim_job(first.id, "w1", lease_s=60, forget=True)
+    assert nxt is not None and nxt.id != first.id and (nxt.status, nxt.locked_by) == ("running", "w1")
+    assert [j.id for j in await store.jobs()] == [nxt.id]  # the first is gone, not kept as done
+    assert await store.finish_and_claim_job(nxt.id, "w1", lease_s=60, forget=True) is None
+    assert await store.jobs() == []
+
+
 async def test_a_job_not_yet_due_is_not_claimed(engine: AsyncEngine, clock: Clock) -> None:
     store = SessionStore(engine, clock=clock)
     await _trimmed(store, "conv-due")

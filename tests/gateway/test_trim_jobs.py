@@ -6,20 +6,27 @@ same trim, in the same one transaction, the turn would have made. On both databa
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 import pytest
 
 from gateway.app import Gateway
 from gateway.config import Config
+from gateway.db import make_engine, upgrade
+from gateway.hotstore import sql
+from gateway.hotstore.sqlite import encode_time
 from gateway.llm.base import ChatMessage, Completion, JsonSchema, Tool
 from gateway.llm.builtin import BuiltinProvider
-from gateway.sessions import TRIM_JOB, SessionKey
+from gateway.sessions import TRIM_JOB, SessionKey, SessionStore
 from gateway.turn import TurnRequest, TurnResult
 from pairing import Principal
+from pairing.principal import Role
 from tests.conftest import Clock
 
 ROOM = SessionKey("api", "room-1")
+ALICE = Principal.human("u_alice", Role.USER, "Alice")
 
 
 class SeeingBuiltin(BuiltinProvider):
@@ -116,3 +123,43 @@ async def test_a_trim_job_whose_worker_died_is_run_again_and_trims_once(gw: Gate
     (archive,) = await gw.sessions.list_archives(session_id=sid)
     assert archive.message_count == 6
     assert [j.kind for j in await gw.sessions.jobs()] == ["extract"]
+
+
+async def test_on_sqlite_a_trim_plans_without_the_write_lock_and_plans_again_if_a_message_came_meanwhile(
+    tmp_path: Path, clock: Clock
+) -> None:
+    path = tmp_path / "g.db"
+    engine = make_engine(f"sqlite+aiosqlite:///{path}")
+    await upgrade(engine)
+    try:
+        store = SessionStore(engine, clock=clock)
+        sid = await store.session_id(SessionKey("web", "room"))
+        for i in range(3):
+            await store.store_message(
+                sid, platform_message_id=f"t{i}", speaker=ALICE, display_name="Alice", text=f"t{i}", said_at=clock.now
+            )
+        plans = 0
+
+        def trust_of(_slice: Sequence[object]) -> str:
+            # Called while the trim plans: a turn (another connection, no busy wait) stores a message now.
+            nonlocal plans
+            plans += 1
+            if plans == 1:
+                turn = sqlite3.connect(path, isolation_level=None, timeout=0)
+                try:
+                    turn.execute("BEGIN IMMEDIATE")  # "database is locked" if the trim held the write lock
+                    at = encode_time(clock.now)
+                    turn.execute(sql.STORE, (sid, "t3", ALICE.user_id, "user", "Alice", "t3", at, False, at, None))
+                    turn.execute("COMMIT")
+                finally:
+                    turn.close()
+            return "user"
+
+        done = await store.trim(sid, max_messages=2, keep_messages=1, turn_principal=ALICE, trust_of=trust_of)
+        # Planned twice: the first plan (two of three cut) was not written over a history it had not seen.
+        assert plans == 2
+        assert done is not None and done.message_count == 3
+        assert [m.text for m in await store.history(sid)] == ["t3"]
+        assert [m.text for m in await store.archive_messages(done.archive_id)] == ["t0", "t1", "t2"]
+    finally:
+        await engine.dispose()
