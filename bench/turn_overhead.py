@@ -6,12 +6,12 @@ messages first. For each client count (``--clients 1,8``) it prints turns/s,
 p50/p99 latency, the throughput ratio to the echo, and the gateway's **CPU per
 turn**: the server process's user+system time from ``/proc/PID/stat`` (all its
 threads, so aiosqlite's thread counts too, and its descendants: the job process
-that runs extraction jobs) from an idle gateway, over the load and until it is idle
-again (the extraction jobs the load's trims queued), divided by the turns. The client's own
-CPU is in another process and is not counted. It is split into the event loop's
-thread (the turns themselves) and the rest (the job process's extraction jobs,
-the worker thread; in older trees the jobs on that thread, and the database
-driver's thread). With
+that runs the trims and extraction jobs) from an idle gateway, over the load and until it
+is idle again (the trims and extraction jobs the load queued), divided by the turns. The
+client's own CPU is in another process and is not counted. It is split into the event loop's
+thread (the turns themselves; in trees before the sixteenth session also their trims) and
+the rest (the job process's trims and extraction jobs, the worker thread; in older trees the
+jobs on that thread, and the database driver's thread). With
 ``--baseline-source DIR`` a second gateway from another tree (e.g. main) runs the
 same load in the same run, interleaved, on its own database; which of the two runs
 first alternates from run to run (the first after the echo measured 8-10% fewer
