@@ -473,10 +473,11 @@ def _jobs_done(port: int, kind: str = "extract") -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def test_on_sqlite_serve_s_trims_are_jobs_the_job_process_runs(tmp_path: Path) -> None:
+def _sqlite_serve(tmp_path: Path, token: str) -> tuple[str, int, dict[str, Any], Path, subprocess.Popen[str]]:
+    """A ``goclaw serve`` on a fresh SQLite file, one API user, trimming after 4 messages (kept 2): its
+    database url, port, config, log and process."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
     users = asyncio.run(_seed(url, 1))
-    token = "trimjob-token-0123456789abcdef"
     port = free_port()
     cfg = {
         "database": {"url": url},
@@ -486,7 +487,13 @@ def test_on_sqlite_serve_s_trims_are_jobs_the_job_process_runs(tmp_path: Path) -
     }
     (tmp_path / "config.yaml").write_text(json.dumps(cfg))
     log = tmp_path / "serve.log"
-    procs = [_spawn(["-m", "gateway", "serve", "--config", "config.yaml"], tmp_path, log)]
+    return url, port, cfg, log, _spawn(["-m", "gateway", "serve", "--config", "config.yaml"], tmp_path, log)
+
+
+def test_on_sqlite_serve_s_trims_are_jobs_the_job_process_runs(tmp_path: Path) -> None:
+    token = "trimjob-token-0123456789abcdef"
+    url, port, _cfg, log, serve = _sqlite_serve(tmp_path, token)
+    procs = [serve]
     try:
         wait_for(lambda: healthy(port), "goclaw serve", procs)
         for i in range(3):  # the third passes max_messages (4): serve queues a trim job after its reply
@@ -510,19 +517,8 @@ def test_on_sqlite_serve_s_trims_are_jobs_the_job_process_runs(tmp_path: Path) -
 
 
 def test_on_sqlite_the_job_process_is_restarted_on_serve_s_config_and_never_outlives_serve(tmp_path: Path) -> None:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
-    users = asyncio.run(_seed(url, 1))
     token = "jobproc-token-0123456789abcdef"
-    port = free_port()
-    cfg = {
-        "database": {"url": url},
-        "server": {"port": port, "api_users": [{"token": token, "user": users[0]}]},
-        "session": {"max_messages": 4, "keep_messages": 2, "idle_extract_seconds": 0},
-        "logging": {"level": "INFO"},
-    }
-    (tmp_path / "config.yaml").write_text(json.dumps(cfg))
-    log = tmp_path / "serve.log"
-    serve = _spawn(["-m", "gateway", "serve", "--config", "config.yaml"], tmp_path, log)
+    url, port, cfg, log, serve = _sqlite_serve(tmp_path, token)
     procs = [serve]
     first: list[int] = []
     try:
