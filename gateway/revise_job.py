@@ -27,20 +27,9 @@ def revision_enqueuer(sessions: SessionStore, wake: Callable[[], None]) -> Calla
     """A function that records a ``revise`` job for one record (under its write's run id) and wakes the worker."""
 
     async def enqueue(record_id: str, run_id: str | None = None) -> None:
-        now = sessions.now()
-        async with sessions.transaction() as s:
-            s.add(
-                Job(
-                    kind=REVISE_JOB,
-                    # The write's run id travels with the job: the judge's retirements are
-                    # undone with the write's own (goclaw memory revisions undo --run).
-                    payload={"record_id": record_id, "cause": "live", "run_id": run_id},
-                    status="pending",
-                    attempts=0,
-                    run_after=now,
-                    created_at=now,
-                )
-            )
+        # The write's run id travels with the job: the judge's retirements are
+        # undone with the write's own (goclaw memory revisions undo --run).
+        await sessions.queue_job(REVISE_JOB, {"record_id": record_id, "cause": "live", "run_id": run_id})
         wake()
 
     return enqueue

@@ -525,7 +525,11 @@ class SessionStore:
         (another job, another process) has nothing to cut and the job does nothing.
         """
         payload = {"session_id": session_id, "turn_principal": principal_json(turn_principal)}
-        return await self._hot.queue_job(TRIM_JOB, payload, self.now())
+        return await self.queue_job(TRIM_JOB, payload)
+
+    async def queue_job(self, kind: str, payload: dict[str, Any]) -> int:
+        """Record a pending job of ``kind``, due now, in a transaction of its own; returns its id."""
+        return await self._hot.queue_job(kind, payload, self.now())
 
     async def archive_messages(self, archive_id: str) -> list[StoredMessage]:
         """The messages of one trimmed slice, oldest first."""

@@ -243,12 +243,8 @@ class HotStore(abc.ABC):
         """Record a pending job of ``kind``, due at ``now``, in a transaction of its own; returns its id."""
 
     @abc.abstractmethod
-    async def finish_job(self, job_id: int, now: datetime) -> None:
-        """Mark a job done."""
-
-    @abc.abstractmethod
-    async def forget_job(self, job_id: int) -> None:
-        """Delete a done job whose outcome has its own record (a trim's archive, a revision's rows)."""
+    async def finish_job(self, job_id: int, now: datetime, *, forget: bool = False) -> None:
+        """Mark a job done; ``forget``: delete it (its outcome has a record of its own: an archive, revisions)."""
 
     async def finish_and_claim(
         self,
@@ -264,10 +260,7 @@ class HotStore(abc.ABC):
 
         The SQLite store does both in one write transaction.
         """
-        if forget:
-            await self.forget_job(job_id)
-        else:
-            await self.finish_job(job_id, now)
+        await self.finish_job(job_id, now, forget=forget)
         return await self.claim_job(worker_id, kinds, now, stale_before)
 
     @abc.abstractmethod

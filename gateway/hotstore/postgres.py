@@ -317,15 +317,10 @@ class PostgresHotStore(HotStore):
         at = _aware(now)
         return int(await pool.fetchval(_QUEUE_JOB, kind, payload, at, at))
 
-    async def finish_job(self, job_id: int, now: datetime) -> None:
-        """Mark a job done."""
+    async def finish_job(self, job_id: int, now: datetime, *, forget: bool = False) -> None:
+        """Mark a job done (``forget``: delete it)."""
         pool = await self._get_pool()
-        await pool.execute(_FINISH_JOB, _aware(now), job_id)
-
-    async def forget_job(self, job_id: int) -> None:
-        """Delete a done job."""
-        pool = await self._get_pool()
-        await pool.execute(_FORGET_JOB, job_id)
+        await (pool.execute(_FORGET_JOB, job_id) if forget else pool.execute(_FINISH_JOB, _aware(now), job_id))
 
     async def archive_messages(self, archive_id: str) -> list[MessageRow]:
         """The messages of one trimmed slice, oldest first."""

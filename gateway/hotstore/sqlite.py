@@ -370,7 +370,8 @@ class SQLiteHotStore(HotStore):
         stored or answered meanwhile, the session row as read), it writes that plan;
         changed, it plans again inside, as a single transaction always did.
         """
-        read = await self._run(lambda conn: _trim_read(conn, session_id, self._decoded), write=False)
+        decoded = self._decoded
+        read = await self._run(lambda conn: _trim_read(conn, session_id, decoded), write=False)
         if read is None:
             return None
         session, keys, live = read
@@ -379,9 +380,15 @@ class SQLiteHotStore(HotStore):
             return None
 
         def write(conn: sqlite3.Connection) -> int | None:
-            if _trim_state(conn, session_id) != (session, keys):
-                return _trim(conn, session_id, plan, self._decoded)
-            return _trim_write(conn, session_id, planned)
+            now_session, now_keys = _trim_state(conn, session_id)
+            if (now_session, now_keys) == (session, keys):
+                return _trim_write(conn, session_id, planned)
+            if now_session is None:
+                return None
+            # Changed since the read: plan again from the rows as they are now, inside this transaction.
+            rows = _kept_rows(conn, now_keys, lambda: conn.execute(sql.KEYED_LIVE, (session_id,)).fetchall(), decoded)
+            again = plan(now_session, rows)
+            return None if again is None else _trim_write(conn, session_id, again)
 
         return await self._run(write, write=True)
 
@@ -416,13 +423,10 @@ class SQLiteHotStore(HotStore):
 
         return await self._run(body, write=True)
 
-    async def finish_job(self, job_id: int, now: datetime) -> None:
-        """Mark a job done."""
-        await self._run(lambda conn: conn.execute(sql.FINISH_JOB, (encode_time(now), job_id)), write=True)
-
-    async def forget_job(self, job_id: int) -> None:
-        """Delete a done job."""
-        await self._run(lambda conn: conn.execute(sql.FORGET_JOB, (job_id,)), write=True)
+    async def finish_job(self, job_id: int, now: datetime, *, forget: bool = False) -> None:
+        """Mark a job done (``forget``: delete it)."""
+        done = _finish_job(job_id, encode_time(now), forget)
+        await self._run(lambda conn: conn.execute(*done), write=True)
 
     async def finish_and_claim(
         self,
@@ -442,12 +446,10 @@ class SQLiteHotStore(HotStore):
         """
         at = encode_time(now)
         find = _runnable_job(kinds, at, stale_before)
+        done = _finish_job(job_id, at, forget)
 
         def body(conn: sqlite3.Connection) -> JobRow | None:
-            if forget:
-                conn.execute(sql.FORGET_JOB, (job_id,))
-            else:
-                conn.execute(sql.FINISH_JOB, (at, job_id))
+            conn.execute(*done)
             found = conn.execute(*find).fetchone()
             return None if found is None else _take_job(conn, worker_id, at, *found)
 
@@ -670,6 +672,11 @@ def _store_message(
     return found[0], record_id
 
 
+def _finish_job(job_id: int, at: str, forget: bool) -> tuple[str, tuple[Any, ...]]:
+    """The statement that ends a job: marked done at ``at``, or (``forget``) deleted."""
+    return (sql.FORGET_JOB, (job_id,)) if forget else (sql.FINISH_JOB, (at, job_id))
+
+
 def _trim_state(conn: sqlite3.Connection, session_id: str) -> tuple[TrimSession | None, list[tuple[Any, ...]]]:
     """The session row a trim plans from, and its live rows' keys (id, created_at, answering_until)."""
     row = conn.execute(sql.TRIM_SESSION, (session_id,)).fetchone()
@@ -691,20 +698,6 @@ def _trim_read(
         return session, keys, live
     finally:
         conn.execute("COMMIT")
-
-
-def _trim(
-    conn: sqlite3.Connection, session_id: str, plan: TrimPlan, decoded: Kept[tuple[Any, ...], MessageRow]
-) -> int | None:
-    """Plan and write a trim inside the caller's write transaction."""
-    session, keys = _trim_state(conn, session_id)
-    if session is None:
-        return None
-    live = _kept_rows(conn, keys, lambda: conn.execute(sql.KEYED_LIVE, (session_id,)).fetchall(), decoded)
-    w = plan(session, live)
-    if w is None:
-        return None
-    return _trim_write(conn, session_id, w)
 
 
 def _trim_write(conn: sqlite3.Connection, session_id: str, w: TrimWrite) -> int:
