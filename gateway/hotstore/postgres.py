@@ -43,7 +43,10 @@ _HISTORY, _MESSAGE_BY_ID = numbered(sql.HISTORY), numbered(sql.MESSAGE_BY_ID)
 _STORE, _TURN_RECORD, _USER_ROLE, _IDENTITY_ROLE = (
     numbered(q) for q in (sql.STORE, sql.TURN_RECORD, sql.USER_ROLE, sql.IDENTITY_ROLE)
 )
-_TRIM_SESSION = numbered(sql.TRIM_SESSION) + " FOR UPDATE"
+# Trims of one session run one at a time on this lock. NO KEY: a turn storing a message in the session meanwhile
+# takes the foreign key's KEY SHARE on the same row, which FOR UPDATE blocked until the trim committed (its plan,
+# about a millisecond of the job process's CPU, included); the trim changes no key of the session row.
+_TRIM_SESSION = numbered(sql.TRIM_SESSION) + " FOR NO KEY UPDATE"
 _LIVE, _ARCHIVE, _TRIMMED_SESSION, _EXTRACT_JOB, _QUEUE_JOB = (
     numbered(q) for q in (sql.LIVE, sql.ARCHIVE, sql.TRIMMED_SESSION, sql.EXTRACT_JOB, sql.QUEUE_JOB)
 )
@@ -267,7 +270,7 @@ class PostgresHotStore(HotStore):
         return await pool.fetchval(_REPLY, message_row_id)
 
     async def trim(self, session_id: str, plan: TrimPlan) -> int | None:
-        """One trim in one transaction (the session row locked ``FOR UPDATE``)."""
+        """One trim in one transaction (the session row locked ``FOR NO KEY UPDATE``: turns go on storing meanwhile)."""
         pool = await self._get_pool()
         async with pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(_TRIM_SESSION, session_id)

@@ -6,16 +6,21 @@ same trim, in the same one transaction, the turn would have made. On both databa
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from gateway.app import Gateway
 from gateway.config import Config
 from gateway.db import make_engine, upgrade
 from gateway.hotstore import sql
+from gateway.hotstore.postgres import _TRIM_SESSION
+from gateway.hotstore.sql import numbered
 from gateway.hotstore.sqlite import encode_time
 from gateway.llm.base import ChatMessage, Completion, JsonSchema, Tool
 from gateway.llm.builtin import BuiltinProvider
@@ -161,5 +166,53 @@ async def test_on_sqlite_a_trim_plans_without_the_write_lock_and_plans_again_if_
         assert done is not None and done.message_count == 3
         assert [m.text for m in await store.history(sid)] == ["t3"]
         assert [m.text for m in await store.archive_messages(done.archive_id)] == ["t0", "t1", "t2"]
+    finally:
+        await engine.dispose()
+
+
+async def test_on_postgresql_a_turn_stores_a_message_while_a_trim_holds_the_session(pg_url: str, clock: Clock) -> None:
+    """The trim's lock on the session row leaves the foreign key's KEY SHARE free: a turn's insert never waits for it.
+
+    With ``FOR UPDATE`` the insert below waited until the trim committed (here: forever, so
+    ``lock_timeout`` says so); a turn then waited for a trim's plan in the job process.
+    """
+    engine = make_engine(pg_url)
+    await upgrade(engine)
+    dsn = pg_url.replace("postgresql+asyncpg://", "postgresql://")
+    try:
+        store = SessionStore(engine, clock=clock)
+        sid = await store.session_id(SessionKey("web", "room"))
+        for i in range(3):
+            await store.store_message(
+                sid, platform_message_id=f"t{i}", speaker=ALICE, display_name="Alice", text=f"t{i}", said_at=clock.now
+            )
+        assert _TRIM_SESSION.endswith("FOR NO KEY UPDATE")
+        stored: list[object] = []
+
+        async def turn_stores() -> None:
+            conn = await asyncpg.connect(dsn)
+            try:
+                await conn.execute("SET lock_timeout = '5s'")  # a wait for the trim's lock fails here, not hangs
+                values = (sid, "t3", ALICE.user_id, "user", "Alice", "t3", clock.now, False, clock.now, None)
+                stored.append(await conn.fetchval(numbered(sql.STORE), *values))
+            except Exception as exc:  # reported by the assertion below
+                stored.append(exc)
+            finally:
+                await conn.close()
+
+        def trust_of(_slice: Sequence[object]) -> str:
+            # Called while the trim plans, its transaction holding the session row: another connection stores now.
+            if not stored:
+                t = threading.Thread(target=lambda: asyncio.run(turn_stores()))
+                t.start()
+                t.join()
+            return "user"
+
+        done = await store.trim(sid, max_messages=2, keep_messages=1, turn_principal=ALICE, trust_of=trust_of)
+        assert len(stored) == 1 and isinstance(stored[0], int), stored
+        # The trim cut what it planned from the history it read; the message stored meanwhile stays live.
+        assert done is not None and done.message_count == 2
+        assert [m.text for m in await store.history(sid)] == ["t2", "t3"]
+        assert [m.text for m in await store.archive_messages(done.archive_id)] == ["t0", "t1"]
     finally:
         await engine.dispose()
