@@ -8,22 +8,20 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 from gateway.config import Config
 from gateway.explain import TurnExplanation, directive_explanation, explain_turn
 from gateway.kept import Kept
 from gateway.llm.base import ChatMessage, DeltaSink, LLMProvider, LLMUnavailable, Tool
 from gateway.llm.limit import ModelCallLimit
+from gateway.llm.loop import ToolLoopResult, run_tool_loop
 from gateway.metrics import Metrics
 from gateway.ordering import AnswerOrder
 from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, learning_line, safe_name
 from gateway.sessions import SessionKey, SessionStore, StoredMessage, TrimResult
 from memory.types import SliceMessage
 from pairing.principal import SYSTEM_PRINCIPALS, Principal
-
-if TYPE_CHECKING:
-    from gateway.llm.loop import ToolLoopResult
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +196,8 @@ class TurnHandler:
         self.provider = provider
         self.memory: MemoryGlue = memory or NoMemory()
         self.metrics = metrics or Metrics()
+        # Each turn counts itself: a labelled child is looked up once (``labels()`` validates and locks).
+        self._counters: dict[tuple[Any, tuple[str, ...]], Any] = {}
         self._clock = clock or (lambda: datetime.now(UTC))
         self._on_trim = on_trim
         # Trims as durable ``trim`` jobs, run where the other jobs run (the job process, ``goclaw worker``),
@@ -263,8 +263,15 @@ class TurnHandler:
         finally:
             self.metrics.in_flight.dec()
             self._leave(key)
-            self.metrics.turns.labels(req.key.channel, outcome).inc()
+            self._counter(self.metrics.turns, req.key.channel, outcome).inc()
             self.metrics.turn_seconds.observe(time.perf_counter() - started)
+
+    def _counter(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once."""
+        counter = self._counters.get((metric, labels))
+        if counter is None:
+            counter = self._counters[(metric, labels)] = metric.labels(*labels)
+        return counter
 
     async def settled(self) -> None:
         """Wait until every trim started by a finished turn is done (shutdown, tests)."""
@@ -421,9 +428,7 @@ class TurnHandler:
     async def _call_model(
         self, messages: list[ChatMessage], tools: list[Tool], principal: Principal, on_delta: DeltaSink | None
     ) -> tuple[str, ToolLoopResult]:
-        from gateway.llm.loop import run_tool_loop
-
-        self.metrics.llm_calls.labels(self.provider.name).inc()
+        self._counter(self.metrics.llm_calls, self.provider.name).inc()
         result = await run_tool_loop(
             self.model_calls.bound(self.provider),
             messages,

@@ -505,8 +505,14 @@ def _decoded(rows: list[tuple[Any, ...]], kinds: Sequence[str | None]) -> list[t
     return out
 
 
+_AS_IS = frozenset({str, int, float, bool, bytes, type(None)})
+"""Parameter types bound as they are: most of a turn's ~65 parameters (the memory query's words) are ``str``."""
+
+
 def _bind(value: Any) -> Any:
     """A parameter as SQLAlchemy's SQLite types bind it: ``UTCDateTime`` as text, a JSON list or object as its text."""
+    if type(value) in _AS_IS:
+        return value
     if isinstance(value, datetime):
         return encode_time(value)
     if isinstance(value, (list, dict)):
