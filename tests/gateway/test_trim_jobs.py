@@ -14,6 +14,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.app import Gateway
 from gateway.config import Config
@@ -130,6 +131,17 @@ async def test_a_trim_job_whose_worker_died_is_run_again_and_trims_once(gw: Gate
     assert [j.kind for j in await gw.sessions.jobs()] == ["extract"]
 
 
+async def three_messages(engine: AsyncEngine, clock: Clock) -> tuple[SessionStore, str]:
+    """A session store on ``engine`` and a session holding Alice's t0, t1, t2."""
+    store = SessionStore(engine, clock=clock)
+    sid = await store.session_id(SessionKey("web", "room"))
+    for i in range(3):
+        await store.store_message(
+            sid, platform_message_id=f"t{i}", speaker=ALICE, display_name="Alice", text=f"t{i}", said_at=clock.now
+        )
+    return store, sid
+
+
 async def test_on_sqlite_a_trim_plans_without_the_write_lock_and_plans_again_if_a_message_came_meanwhile(
     tmp_path: Path, clock: Clock
 ) -> None:
@@ -137,12 +149,7 @@ async def test_on_sqlite_a_trim_plans_without_the_write_lock_and_plans_again_if_
     engine = make_engine(f"sqlite+aiosqlite:///{path}")
     await upgrade(engine)
     try:
-        store = SessionStore(engine, clock=clock)
-        sid = await store.session_id(SessionKey("web", "room"))
-        for i in range(3):
-            await store.store_message(
-                sid, platform_message_id=f"t{i}", speaker=ALICE, display_name="Alice", text=f"t{i}", said_at=clock.now
-            )
+        store, sid = await three_messages(engine, clock)
         plans = 0
 
         def trust_of(_slice: Sequence[object]) -> str:
@@ -180,12 +187,7 @@ async def test_on_postgresql_a_turn_stores_a_message_while_a_trim_holds_the_sess
     await upgrade(engine)
     dsn = pg_url.replace("postgresql+asyncpg://", "postgresql://")
     try:
-        store = SessionStore(engine, clock=clock)
-        sid = await store.session_id(SessionKey("web", "room"))
-        for i in range(3):
-            await store.store_message(
-                sid, platform_message_id=f"t{i}", speaker=ALICE, display_name="Alice", text=f"t{i}", said_at=clock.now
-            )
+        store, sid = await three_messages(engine, clock)
         assert _TRIM_SESSION.endswith("FOR NO KEY UPDATE")
         stored: list[object] = []
 
