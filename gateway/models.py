@@ -98,7 +98,8 @@ class Job(GatewayBase):
     """A durable background job (extraction of a trimmed slice, ...)."""
 
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_claim", "status", "run_after"),)
+    # The claim walks (status, id): the oldest runnable job without sorting every pending one (migration 0017).
+    __table_args__ = (Index("ix_jobs_claim", "status", "id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     kind: Mapped[str] = mapped_column(String(32))

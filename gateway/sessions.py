@@ -576,7 +576,7 @@ class SessionStore:
     ) -> Job | None:
         """Mark a job done (``forget``: delete it) and claim the next runnable one, as ``claim_job``.
 
-        The SQLite store does both in one transaction.
+        Both hot stores do it with one commit (SQLite one transaction, PostgreSQL one statement).
         """
         now = self.now()
         stale_before = now - timedelta(seconds=lease_s)

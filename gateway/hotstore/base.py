@@ -258,7 +258,8 @@ class HotStore(abc.ABC):
     ) -> JobRow | None:
         """Mark a job done (``forget``: delete it), then claim the next as ``claim_job`` does.
 
-        The SQLite store does both in one write transaction.
+        Both stores override this with one commit for the two: SQLite in one write
+        transaction, PostgreSQL in one statement.
         """
         await self.finish_job(job_id, now, forget=forget)
         return await self.claim_job(worker_id, kinds, now, stale_before)

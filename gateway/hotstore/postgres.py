@@ -50,14 +50,45 @@ _TRIM_SESSION = numbered(sql.TRIM_SESSION) + " FOR NO KEY UPDATE"
 _LIVE, _ARCHIVE, _TRIMMED_SESSION, _EXTRACT_JOB, _QUEUE_JOB = (
     numbered(q) for q in (sql.LIVE, sql.ARCHIVE, sql.TRIMMED_SESSION, sql.EXTRACT_JOB, sql.QUEUE_JOB)
 )
-# One round trip: the oldest runnable job, skipping rows another worker has locked, claimed in the same statement.
-_CLAIM_JOB = (
-    "UPDATE jobs SET status = 'running', locked_by = $1, locked_at = $2, attempts = attempts + 1"
-    " WHERE id = (SELECT id FROM jobs WHERE kind = ANY($3::varchar[])"
-    " AND ((status = 'pending' AND run_after <= $2) OR (status = 'running' AND locked_at < $4))"
-    " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING " + sql.JOB_COLUMNS
-)
+
+
+def _claim(also: str = "", first: str = "WITH ") -> str:
+    """The oldest runnable job (``also``: a further condition), skipping rows another worker has locked, claimed.
+
+    Two parts, each walking ``ix_jobs_claim`` (status, id) in id order to the first row it can
+    lock, and the older of the two (the other is unlocked at the commit, the statement's end):
+    with one ``OR`` PostgreSQL read every due pending job and sorted them to take one (a queue
+    of N jobs cost O(N) a claim). ``first`` starts the statement (a ``WITH`` already begun).
+    """
+    part = "SELECT id FROM jobs WHERE status = '{}' AND kind = ANY($3::varchar[])" + also
+    lock = " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)"
+    return (
+        first
+        + "due AS ("
+        + part.format("pending")
+        + " AND run_after <= $2"
+        + lock
+        + ", lapsed AS ("
+        + part.format("running")
+        + " AND locked_at < $4"
+        + lock
+        + " UPDATE jobs SET status = 'running', locked_by = $1, locked_at = $2, attempts = attempts + 1"
+        " WHERE id = (SELECT min(id) FROM (SELECT id FROM due UNION ALL SELECT id FROM lapsed) AS runnable)"
+        " RETURNING " + sql.JOB_COLUMNS
+    )
+
+
+# One round trip: the claim in the same statement as the search.
+_CLAIM_JOB = _claim()
 _FINISH_JOB, _FORGET_JOB = numbered(sql.FINISH_JOB), numbered(sql.FORGET_JOB)
+# A job's end ($5) and the next claim in one statement: one round trip and one commit, so one wait for the
+# disk between two jobs, not two. The WITH part runs to its end though nothing reads it; the claim reads the
+# snapshot from before it, where the finished job is still 'running', so it leaves that row out by id.
+_FINISH_AND_CLAIM = _claim(
+    " AND id <> $5",
+    "WITH done AS (UPDATE jobs SET status = 'done', finished_at = $2, last_error = NULL WHERE id = $5), ",
+)
+_FORGET_AND_CLAIM = _claim(" AND id <> $5", "WITH done AS (DELETE FROM jobs WHERE id = $5), ")
 _ARCHIVE_MESSAGES = numbered(sql.ARCHIVE_MESSAGES)
 # A turn's common case in one statement (it commits on its own): the session exists and the message is
 # new. The new row comes back from the insert; the rest of the history is the session's untrimmed rows
@@ -312,6 +343,27 @@ class PostgresHotStore(HotStore):
         """Claim the oldest runnable job in one statement (``FOR UPDATE SKIP LOCKED``)."""
         pool = await self._get_pool()
         row = await pool.fetchrow(_CLAIM_JOB, worker_id, _aware(now), list(kinds), _aware(stale_before))
+        return None if row is None else JobRow(*row)
+
+    async def finish_and_claim(
+        self,
+        job_id: int,
+        worker_id: str,
+        kinds: Sequence[str],
+        now: datetime,
+        stale_before: datetime,
+        *,
+        forget: bool = False,
+    ) -> JobRow | None:
+        """Mark a job done (``forget``: delete it) and claim the next runnable one in one statement.
+
+        With nothing runnable it commits the finish alone.
+        """
+        pool = await self._get_pool()
+        at, stale = _aware(now), _aware(stale_before)
+        row = await pool.fetchrow(
+            _FORGET_AND_CLAIM if forget else _FINISH_AND_CLAIM, worker_id, at, list(kinds), stale, job_id
+        )
         return None if row is None else JobRow(*row)
 
     async def queue_job(self, kind: str, payload: dict[str, Any], now: datetime) -> int:

@@ -84,13 +84,19 @@ JOB_COLUMNS = (
 def next_job(n_kinds: int) -> str:
     """The oldest runnable job of ``n_kinds`` kinds: due and pending, or running on an expired lease.
 
-    Parameters: the kinds, then now (due), then the lease cut-off.
+    Parameters: the kinds and now (due), then the kinds again and the lease cut-off.
+
+    Two parts, each walking ``ix_jobs_claim`` (status, id) in id order to its first match, and
+    the older of the two: with one ``OR`` the database read every due pending job and sorted
+    them to take one (a queue of N jobs cost O(N) a claim).
     """
     kinds = ", ".join("?" * n_kinds)
+    part = "SELECT id, status, attempts FROM (SELECT id, status, attempts FROM jobs WHERE status = '{}'"
     return (
-        f"SELECT id, status, attempts FROM jobs WHERE kind IN ({kinds})"
-        " AND ((status = 'pending' AND run_after <= ?) OR (status = 'running' AND locked_at < ?))"
-        " ORDER BY id LIMIT 1"
+        part.format("pending") + f" AND kind IN ({kinds}) AND run_after <= ? ORDER BY id LIMIT 1)"
+        " UNION ALL "
+        + part.format("running")
+        + f" AND kind IN ({kinds}) AND locked_at < ? ORDER BY id LIMIT 1) ORDER BY id LIMIT 1"
     )
 
 

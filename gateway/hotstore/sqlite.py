@@ -191,7 +191,7 @@ def _message_row(r: tuple[Any, ...]) -> MessageRow:
 
 def _runnable_job(kinds: Sequence[str], at: str, stale_before: datetime) -> tuple[str, tuple[Any, ...]]:
     """The look for the oldest runnable job of ``kinds`` (``sql.next_job``) with its parameters."""
-    return sql.next_job(len(kinds)), (*kinds, at, encode_time(stale_before))
+    return sql.next_job(len(kinds)), (*kinds, at, *kinds, encode_time(stale_before))
 
 
 def _take_job(

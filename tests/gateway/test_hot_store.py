@@ -666,6 +666,26 @@ async def test_a_forgotten_job_is_deleted_as_the_next_is_claimed(engine: AsyncEn
     assert await store.jobs() == []
 
 
+@pytest.mark.parametrize("forget", [False, True])
+async def test_a_job_finished_after_its_lease_ran_out_is_not_claimed_again_by_its_own_finish(
+    engine: AsyncEngine, clock: Clock, forget: bool
+) -> None:
+    # On PostgreSQL the finish and the claim are one statement, whose claim reads the snapshot from
+    # before the finish: there the finished job is still 'running' with a lease that has run out.
+    store = SessionStore(engine, clock=clock)
+    for i in range(2):
+        await _trimmed(store, f"conv-{i}")
+    first = await store.claim_job("w1", lease_s=60)
+    assert first is not None
+    clock.advance(seconds=61)  # a slow job: its lease is over when it finishes
+    nxt = await store.finish_and_claim_job(first.id, "w1", lease_s=60, forget=forget)
+    assert nxt is not None and nxt.id != first.id and (nxt.status, nxt.attempts) == ("running", 1)
+    left = {j.id: j.status for j in await store.jobs()}
+    assert left == ({nxt.id: "running"} if forget else {first.id: "done", nxt.id: "running"})
+    assert await store.finish_and_claim_job(nxt.id, "w1", lease_s=60, forget=forget) is None
+    assert await store.claim_job("w2", lease_s=60) is None  # nothing runs twice
+
+
 async def test_a_job_not_yet_due_is_not_claimed(engine: AsyncEngine, clock: Clock) -> None:
     store = SessionStore(engine, clock=clock)
     await _trimmed(store, "conv-due")
@@ -871,5 +891,72 @@ async def test_the_one_reply_index_holds_replies_only_and_still_refuses_a_second
                         text="x", said_at=clock.now, is_agent=True, created_at=clock.now, reply_to_id=first.stored.id,
                     )
                 )  # fmt: skip
+    finally:
+        await engine.dispose()
+
+
+async def test_on_sqlite_a_claim_does_as_much_with_2000_jobs_queued_as_with_20(tmp_path: Path, clock: Clock) -> None:
+    # The claim took the oldest runnable job by reading every due pending one and sorting them: a queue
+    # of N jobs cost O(N) a claim, inside the write lock the turns wait for. SQLite's own count of the
+    # steps its statements run (a progress handler called at every one) tells the work, not the time.
+    engine = make_engine(f"sqlite+aiosqlite:///{tmp_path / 'q.db'}")
+    try:
+        await upgrade(engine)
+        hot = hot_store(engine)
+        stale = clock.now - timedelta(seconds=60)
+
+        async def steps_of_a_claim() -> int:
+            steps = 0
+
+            def step() -> int:
+                nonlocal steps
+                steps += 1
+                return 0  # go on
+
+            conn = hot._connection()  # type: ignore[attr-defined]
+            conn.set_progress_handler(step, 1)
+            try:
+                job = await hot.claim_job("w1", ("extract",), clock.now, stale)
+            finally:
+                conn.set_progress_handler(None, 1)
+            assert job is not None
+            return steps
+
+        async def queue(n: int) -> None:
+            for i in range(n):
+                await hot.queue_job("extract", {"n": i}, clock.now)
+
+        await queue(20)
+        few = await steps_of_a_claim()
+        await queue(1980)
+        many = await steps_of_a_claim()
+    finally:
+        await engine.dispose()
+    assert many < 2 * few, (few, many)
+
+
+async def test_the_claim_index_migration_downgrades_and_upgrades(db_url: str, clock: Clock) -> None:
+    async def claim_index() -> list[str]:
+        async with engine.connect() as conn:
+            if engine.dialect.name == "sqlite":
+                rows = (await conn.exec_driver_sql("PRAGMA index_info(ix_jobs_claim)")).all()
+                return [r[2] for r in sorted(rows)]
+            q = "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_jobs_claim'"
+            definition = (await conn.exec_driver_sql(q)).scalar_one()
+            return [c.strip() for c in definition.rsplit("(", 1)[1].rstrip(")").split(",")]
+
+    engine = make_engine(db_url)
+    try:
+        await upgrade(engine)
+        store = SessionStore(engine, clock=clock)
+        await _trimmed(store, "conv-index")
+        assert await claim_index() == ["status", "id"]
+        async with engine.begin() as conn:
+            await conn.run_sync(alembic_downgrade, "0016_reply_index_partial")
+        assert await claim_index() == ["status", "run_after"]
+        await upgrade(engine)
+        assert await claim_index() == ["status", "id"]
+        job = await store.claim_job("w1")  # the job queued before the round trip is still there
+        assert job is not None and job.kind == "extract"
     finally:
         await engine.dispose()
