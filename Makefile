@@ -60,6 +60,7 @@ QUICK_dashboard_pages := --records 20000 --runs 10
 QUICK_stream_ttft := --runs 15
 QUICK_multi_process := --seconds 5 --runs 1
 QUICK_turn_instructions := --turns 100 --sessions 3
+QUICK_job_drain := --jobs 500 --runs 2 --postgres
 BENCHES := $(sort $(wildcard bench/*.py))
 
 # bench/turn_instructions.py counts instructions with Debian's valgrind (callgrind).
