@@ -52,18 +52,25 @@ _LIVE, _ARCHIVE, _TRIMMED_SESSION, _EXTRACT_JOB, _QUEUE_JOB = (
 )
 
 
-def _claim(also: str = "", first: str = "WITH ") -> str:
-    """The oldest runnable job (``also``: a further condition), skipping rows another worker has locked, claimed.
+def _claim(finish: str = "") -> str:
+    """The oldest runnable job, skipping rows another worker has locked, claimed; after ``finish`` when given.
 
     Two parts, each walking ``ix_jobs_claim`` (status, id) in id order to the first row it can
     lock, and the older of the two (the other is unlocked at the commit, the statement's end):
     with one ``OR`` PostgreSQL read every due pending job and sorted them to take one (a queue
-    of N jobs cost O(N) a claim). ``first`` starts the statement (a ``WITH`` already begun).
+    of N jobs cost O(N) a claim).
+
+    ``finish`` is a statement ending job $5 (done or deleted), run first in the same statement: one
+    round trip and one commit, so one wait for the disk between two jobs, not two. It runs to its
+    end though nothing reads it; the claim reads the snapshot from before it, where the finished
+    job is still 'running', so it leaves that row out by id.
     """
+    also = " AND id <> $5" if finish else ""
     part = "SELECT id FROM jobs WHERE status = '{}' AND kind = ANY($3::varchar[])" + also
     lock = " ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)"
     return (
-        first
+        "WITH "
+        + (f"done AS ({finish}), " if finish else "")
         + "due AS ("
         + part.format("pending")
         + " AND run_after <= $2"
@@ -78,17 +85,10 @@ def _claim(also: str = "", first: str = "WITH ") -> str:
     )
 
 
-# One round trip: the claim in the same statement as the search.
 _CLAIM_JOB = _claim()
 _FINISH_JOB, _FORGET_JOB = numbered(sql.FINISH_JOB), numbered(sql.FORGET_JOB)
-# A job's end ($5) and the next claim in one statement: one round trip and one commit, so one wait for the
-# disk between two jobs, not two. The WITH part runs to its end though nothing reads it; the claim reads the
-# snapshot from before it, where the finished job is still 'running', so it leaves that row out by id.
-_FINISH_AND_CLAIM = _claim(
-    " AND id <> $5",
-    "WITH done AS (UPDATE jobs SET status = 'done', finished_at = $2, last_error = NULL WHERE id = $5), ",
-)
-_FORGET_AND_CLAIM = _claim(" AND id <> $5", "WITH done AS (DELETE FROM jobs WHERE id = $5), ")
+_FINISH_AND_CLAIM = _claim("UPDATE jobs SET status = 'done', finished_at = $2, last_error = NULL WHERE id = $5")
+_FORGET_AND_CLAIM = _claim("DELETE FROM jobs WHERE id = $5")
 _ARCHIVE_MESSAGES = numbered(sql.ARCHIVE_MESSAGES)
 # A turn's common case in one statement (it commits on its own): the session exists and the message is
 # new. The new row comes back from the insert; the rest of the history is the session's untrimmed rows
