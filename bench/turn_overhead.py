@@ -16,6 +16,10 @@ jobs on that thread, and the database driver's thread). With
 same load in the same run, interleaved, on its own database; which of the two runs
 first alternates from run to run (the first after the echo measured 8-10% fewer
 turns/s at 8 clients, whichever tree it was), so use an even ``--runs`` or several.
+On SQLite it also prints, per turn, what the turns waited for SQLite's write lock
+(the job process's writes hold it): the writes that found it held, their busy tries
+(more than one a write: the write lost the lock again after a release) and the ms
+waited, from the gateway's ``/metrics`` (trees since 2026-12-04's nineteenth session).
 
     .venv/bin/python bench/turn_overhead.py [--requests 1500] [--clients 1,8] [--runs 3]
         [--postgres] [--baseline-source /work/main] [--sessions-at-random]
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import secrets
@@ -290,7 +295,24 @@ async def durable_commit_ms(server: str, commits: int = 200) -> float:
         await conn.close()
 
 
-Result = tuple[float, float, float, float, float, float]
+Result = tuple[float, float, float, float, float, float, float, float, float]
+NAN = float("nan")
+_LOCK_METRICS = (
+    "goclaw_sqlite_write_waits_total",
+    "goclaw_sqlite_write_busy_tries_total",
+    "goclaw_sqlite_write_wait_seconds_total",
+)
+
+
+async def lock_waits(port: int) -> tuple[float, float, float]:
+    """The gateway's turn writes that waited for SQLite's write lock so far: (writes, busy tries, seconds).
+
+    From ``/metrics`` (trees since 2026-12-04's nineteenth session); NaN for a tree without them.
+    """
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
+        text = await r.text()
+    values = dict(line.split(" ", 1) for line in text.splitlines() if line.startswith(_LOCK_METRICS))
+    return tuple(float(values[m]) if m in values else NAN for m in _LOCK_METRICS)  # type: ignore[return-value]
 
 
 class Gateway:
@@ -336,7 +358,8 @@ class Gateway:
 async def measure(
     g: Gateway, requests: int, clients: int, headers: dict[str, str], *, postgres: bool = False
 ) -> Result:
-    """(turns/s, p50 ms, p99 ms, server CPU ms per turn, its event-loop thread's share, PostgreSQL's) for one load.
+    """One load's turns/s, p50 and p99 ms, the server's CPU ms a turn, its event loop's share, PostgreSQL's, and
+    per turn the writes that waited for SQLite's write lock, their busy tries and the ms they waited (``/metrics``).
 
     The event loop's thread answers the turns; the rest is the background work's (the job
     process's extraction jobs; in an older tree, jobs on a thread) and, older still, the driver's thread.
@@ -346,6 +369,7 @@ async def measure(
     assert g.proc is not None
     pid = g.proc.pid
     await settle(pid)  # nothing left over from before (the job process starting, the last load's jobs)
+    waits0 = await lock_waits(g.port)
     cpu0, loop0 = cpu_seconds(pid), cpu_seconds(pid, thread=pid)
     pg0 = postgres_cpu_seconds() if postgres else 0.0
     tps, lat = await load(g.url, requests, clients, headers)
@@ -353,7 +377,18 @@ async def measure(
     cpu_ms = (cpu_seconds(pid) - cpu0) * 1000 / requests
     loop_ms = (cpu_seconds(pid, thread=pid) - loop0) * 1000 / requests
     pg_ms = (postgres_cpu_seconds() - pg0) * 1000 / requests if postgres else 0.0
-    return tps, pct(lat, 0.5), pct(lat, 0.99), cpu_ms, loop_ms, pg_ms
+    waits, tries, wait_s = (b - a for a, b in zip(waits0, await lock_waits(g.port), strict=True))
+    return (
+        tps,
+        pct(lat, 0.5),
+        pct(lat, 0.99),
+        cpu_ms,
+        loop_ms,
+        pg_ms,
+        waits / requests,
+        tries / requests,
+        wait_s * 1000 / requests,
+    )
 
 
 async def settle(pid: int, *, step: float = 0.5, limit: float = 60.0) -> None:
@@ -425,7 +460,7 @@ async def main() -> None:
             for run in range(args.runs):
                 for clients in levels:
                     e_tps, e_lat = await load(echo_url, args.requests, clients, headers)
-                    echo_r = (e_tps, pct(e_lat, 0.5), pct(e_lat, 0.99), 0.0, 0.0, 0.0)
+                    echo_r = (e_tps, pct(e_lat, 0.5), pct(e_lat, 0.99), 0.0, 0.0, 0.0, NAN, NAN, NAN)
                     results.setdefault(("echo", clients), []).append(echo_r)
                     line = f"run {run + 1}, {clients} client(s): echo {e_tps:7.1f} req/s"
                     # The order alternates: whichever tree runs first after the echo measured 8-10%
@@ -472,6 +507,12 @@ async def main() -> None:
                 f"CPU {med(key, 3):.2f} ms/turn (event-loop thread {med(key, 4):.2f}, the rest"
                 f" {med(key, 3) - med(key, 4):.2f}), ratio to echo {ratio:.3f}"
                 + (f"; PostgreSQL's CPU {med(key, 5):.2f} ms/turn" if args.postgres else "")
+                + (
+                    f"; waited for the write lock: {med(key, 6):.3f} writes/turn, {med(key, 7):.3f} busy tries/turn,"
+                    f" {med(key, 8):.2f} ms/turn"
+                    if not args.postgres and not math.isnan(med(key, 6))
+                    else ""
+                )
             )
         if len(gateways) == 2:
             speedup = med(("this", clients), 0) / med(("baseline", clients), 0)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 
 class Metrics:
@@ -22,7 +26,29 @@ class Metrics:
         self.queue_depth = Gauge("goclaw_queue_depth", "Jobs waiting plus turns in flight", registry=self.registry)
         self.in_flight = Gauge("goclaw_turns_in_flight", "Turns being handled", registry=self.registry)
         self.jobs = Counter("goclaw_jobs", "Background jobs", ["kind", "outcome"], registry=self.registry)
+        self.registry.register(_WriteLockWaits())
 
     def render(self) -> bytes:
         """The text exposition format."""
         return generate_latest(self.registry)
+
+
+class _WriteLockWaits(Collector):
+    """On SQLite, what this process's turns waited for the write lock (``RELEASES``: the job process's writes)."""
+
+    def collect(self) -> Iterator[Metric]:
+        from gateway.hotstore.sqlite import RELEASES
+
+        yield CounterMetricFamily(
+            "goclaw_sqlite_write_waits", "Turn writes that found SQLite's write lock held", value=RELEASES.waits
+        )
+        yield CounterMetricFamily(
+            "goclaw_sqlite_write_busy_tries",
+            "Tries of those writes that found the lock held (more than one a write: it lost the lock again)",
+            value=RELEASES.busy_tries,
+        )
+        yield CounterMetricFamily(
+            "goclaw_sqlite_write_wait_seconds",
+            "Seconds turn writes waited for SQLite's write lock",
+            value=RELEASES.wait_seconds,
+        )
