@@ -12,11 +12,8 @@ turns but the database.
 
 The parent and the child share one socket pair:
 
-- parent to child: ``t`` (a turn waits for SQLite's write lock: the child's next
-  write lets it go first) and ``f`` (no turn waits any more), see
-  :meth:`gateway.hotstore.sqlite.WriteLockReleases.yield_to_turns`; any other
-  byte is a wake (a trim queued a job); end of file (the parent stopped or
-  died) stops the child, so it never outlives ``serve``;
+- parent to child: any byte is a wake (a trim queued a job); end of file (the
+  parent stopped or died) stops the child, so it never outlives ``serve``;
 - child to parent: ``r`` lines (a write transaction of the child's ended: a
   turn waiting for SQLite's write lock tries again, as for the worker thread's,
   see :class:`gateway.hotstore.sqlite.WriteLockReleases`) and ``j KIND OUTCOME``
@@ -107,18 +104,11 @@ class JobProcess:
 
     def wake(self) -> None:
         """Look for jobs now (from any thread: the turns' loop, the worker thread's)."""
-        self._send(b"w")
-
-    def turns_waiting(self, waiting: bool) -> None:
-        """Tell the child whether a turn waits for SQLite's write lock (``RELEASES.on_turns_waiting``)."""
-        self._send(b"t" if waiting else b"f")
-
-    def _send(self, byte: bytes) -> None:
         sock = self._sock
         if sock is None:
             return
         with contextlib.suppress(OSError):  # full (a wake is pending already) or closed (restarting, stopping)
-            sock.send(byte)
+            sock.send(b"w")
 
     async def stop(self) -> None:
         """Stop the child: end of file first (it finishes cleanly), then SIGTERM, then SIGKILL."""
@@ -273,14 +263,10 @@ async def run_job_process(cfg: Config, fd: int) -> None:
             return
         except OSError:
             data = b""
-        if not data:
-            stop.set()  # the serving process stopped (or died): so do we
-            return
-        waiting, wake = from_parent(data)
-        if waiting is not None:
-            RELEASES.parent_turns_waiting(waiting)
-        if wake:
+        if data:
             gw.worker.wake()
+        else:
+            stop.set()  # the serving process stopped (or died): so do we
 
     loop.add_reader(sock, readable)
     checkpoints = (
@@ -296,15 +282,8 @@ async def run_job_process(cfg: Config, fd: int) -> None:
         await cancel_and_wait(checkpoints)
         loop.remove_reader(sock)
         RELEASES.on_release = None
-        RELEASES.parent_turns_waiting(False)
         await gw.stop()
         sock.close()
-
-
-def from_parent(data: bytes) -> tuple[bool | None, bool]:
-    """What bytes from the serving process say: whether a turn waits for the lock (None: not said), and a wake."""
-    t, f = data.rfind(b"t"), data.rfind(b"f")
-    return (None if t == f else t > f), bool(data.translate(None, b"tf"))
 
 
 async def _checkpoint_every(gw: Any, seconds: float) -> None:

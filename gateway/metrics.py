@@ -34,13 +34,18 @@ class Metrics:
 
 
 class _WriteLockWaits(Collector):
-    """On SQLite, what this process's turns waited for the write lock (``RELEASES``: the job process's writes)."""
+    """On SQLite, what this process's hot-store writes (its turns', its worker thread's) waited for the write lock.
+
+    Held by the job process's writes, mostly (``gateway.hotstore.sqlite.RELEASES``); always 0 on PostgreSQL.
+    """
 
     def collect(self) -> Iterator[Metric]:
         from gateway.hotstore.sqlite import RELEASES
 
         yield CounterMetricFamily(
-            "goclaw_sqlite_write_waits", "Turn writes that found SQLite's write lock held", value=RELEASES.waits
+            "goclaw_sqlite_write_waits",
+            "Hot-store writes (turns) that found SQLite's write lock held",
+            value=RELEASES.waits,
         )
         yield CounterMetricFamily(
             "goclaw_sqlite_write_busy_tries",
@@ -49,6 +54,6 @@ class _WriteLockWaits(Collector):
         )
         yield CounterMetricFamily(
             "goclaw_sqlite_write_wait_seconds",
-            "Seconds turn writes waited for SQLite's write lock",
+            "Seconds hot-store writes (turns) waited for SQLite's write lock",
             value=RELEASES.wait_seconds,
         )

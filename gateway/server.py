@@ -66,7 +66,6 @@ async def serve_forever(cfg: Config, *, child: int | None = None, config_path: s
     """
     from gateway.background import WorkerThread
     from gateway.heap import settle_heap
-    from gateway.hotstore.sqlite import RELEASES
     from gateway.jobproc import JobProcess
 
     # Handled from the start: a stop asked for while the gateway (or its worker thread) starts is
@@ -112,8 +111,6 @@ async def serve_forever(cfg: Config, *, child: int | None = None, config_path: s
                 config_source=cfg.source,
             )
             await jobs.start()
-            if cfg.database.url.startswith("sqlite"):
-                RELEASES.on_turns_waiting = jobs.turns_waiting  # its writes let this process's waiting turns go first
             thread = WorkerThread(cfg, metrics=gw.metrics, wake_jobs=jobs.wake)
             await thread.start()
             gw.wake_remote_worker = jobs.wake
@@ -129,7 +126,6 @@ async def serve_forever(cfg: Config, *, child: int | None = None, config_path: s
         if thread is not None:
             await thread.stop()
         if jobs is not None:
-            RELEASES.on_turns_waiting = None
             await jobs.stop()
         await gw.stop()
 

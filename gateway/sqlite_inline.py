@@ -19,9 +19,7 @@ A wait for SQLite's write lock (another connection's transaction: the turns'
 hot store, or a cold path's) happens in SQLite's busy handler, with the GIL
 released, on this thread only. Each commit and rollback is reported to the hot
 store (:data:`gateway.hotstore.sqlite.RELEASES`), so a turn that found the
-database busy tries again the moment this thread's transaction ends; and
-before the statement that takes the lock, a turn waiting for it goes first
-(``RELEASES.yield_to_turns``).
+database busy tries again the moment this thread's transaction ends.
 """
 
 from __future__ import annotations
@@ -33,20 +31,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.hotstore import mark_background
 from gateway.hotstore.sqlite import RELEASES
-
-_WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
-
-
-async def _turns_first(cursor: sqlite3.Cursor, sql: str) -> None:
-    """Before the statement that takes SQLite's write lock, let the turns waiting for it go first.
-
-    ``sqlite3`` begins a transaction (deferred) before the first write of one, so the lock
-    is taken there, and kept until the commit; the statements before it only read.
-    """
-    if RELEASES.turns_waiting and not cursor.connection.in_transaction and sql.lstrip()[:7].upper().startswith(_WRITES):
-        await RELEASES.yield_to_turns()
 
 
 class InlineCursor:
@@ -64,7 +49,6 @@ class InlineCursor:
         self._cursor.close()
 
     async def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> InlineCursor:
-        await _turns_first(self._cursor, sql)
         if parameters is None:
             self._cursor.execute(sql)
         else:
@@ -72,7 +56,6 @@ class InlineCursor:
         return self
 
     async def executemany(self, sql: str, parameters: Iterable[Sequence[Any]]) -> InlineCursor:
-        await _turns_first(self._cursor, sql)
         self._cursor.executemany(sql, parameters)
         return self
 
@@ -202,6 +185,4 @@ def make_inline_engine(url: str, *, echo: bool = False, wal_limit_bytes: int | N
         return InlineConnection(sqlite3.connect(database, timeout=30, check_same_thread=False, uri=uri))
 
     limit = WAL_LIMIT_BYTES if wal_limit_bytes is None else wal_limit_bytes
-    engine = make_engine(url, echo=echo, async_creator=connect, wal_limit_bytes=limit)
-    mark_background(engine)
-    return engine
+    return make_engine(url, echo=echo, async_creator=connect, wal_limit_bytes=limit)

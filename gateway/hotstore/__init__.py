@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.hotstore.base import HotStore
 
-__all__ = ["HotStore", "hot_store", "mark_background"]
+__all__ = ["HotStore", "hot_store"]
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +28,6 @@ log = logging.getLogger(__name__)
 SQLITE_BUSY_TIMEOUT_S = 30.0
 
 _STORES: weakref.WeakKeyDictionary[Any, HotStore] = weakref.WeakKeyDictionary()
-# Engines of the background work (``gateway.sqlite_inline.make_inline_engine``): on SQLite their
-# hot store's writes let the turns waiting for the write lock go first.
-_BACKGROUND: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def mark_background(engine: AsyncEngine) -> None:
-    """``engine`` is the background work's (the job process's, the worker thread's), not the turns'."""
-    _BACKGROUND.add(engine.sync_engine)
 
 
 def hot_store(engine: AsyncEngine) -> HotStore:
@@ -65,12 +57,7 @@ def _make(engine: AsyncEngine) -> HotStore:
                 if not getattr(fn, "__module__", "").startswith("sqlalchemy"):
                     fn(conn, None)
 
-        return SQLiteHotStore(
-            url.database,
-            busy_timeout_s=SQLITE_BUSY_TIMEOUT_S,
-            on_connect=on_connect,
-            background=sync in _BACKGROUND,
-        )
+        return SQLiteHotStore(url.database, busy_timeout_s=SQLITE_BUSY_TIMEOUT_S, on_connect=on_connect)
     from gateway.hotstore.postgres import PostgresHotStore
 
     dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)

@@ -53,10 +53,6 @@ T = TypeVar("T")
 _BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 _FIRST_WAIT_S = 0.001
 _MAX_WAIT_S = 0.05
-YIELD_MAX_S = 0.05
-"""The longest a background writer lets turns waiting for the write lock go first (``yield_to_turns``)."""
-LOST_RACES_BEFORE_YIELD = 2
-"""A turn counts among those waiting for the write lock (``turn_waiting``) from its second busy try of one write."""
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
@@ -65,41 +61,26 @@ def _wake(fut: asyncio.Future[None]) -> None:
 
 
 class WriteLockReleases:
-    """Who waits for SQLite's write lock, and when it is released, for waiters on any loop.
+    """When this process's other SQLite connections end a write transaction, for waiters on any loop.
 
-    Releases: the background thread's connection (``gateway/sqlite_inline.py``) and the
-    job process (``gateway/jobproc.py``, through its socket) report each commit and
-    rollback here. A turn whose ``BEGIN IMMEDIATE`` found the database busy then retries
-    as soon as that transaction ends, instead of after its backoff (1 ms doubling to
-    50 ms), which kept a turn that met an extraction job's transaction waiting 7-67 ms. A
-    writer in another process reports nothing; the backoff still bounds the wait for it.
-
-    Turns first: a turn counts itself here while it waits (``turn_waiting``), and a
-    background writer (the job process, the worker thread) about to take the lock lets
-    the waiting turns have it first (``yield_to_turns``). Released, the lock went to
-    whoever asked first after the release: the job process, which writes its next
-    transaction microseconds after its last, not the turn, which learns of the release
-    through the serving loop (a few milliseconds at 8 clients). A turn lost that race
-    again and again: under ``bench/turn_overhead.py`` at 8 clients the slowest 1% of turns
-    had waited 31 ms each for the lock, against holds of 0.6-0.8 ms (median). The job
-    process learns of the serving process's waiting turns through its socket
-    (``turns_waiting``: ``t`` and ``f``).
+    The background thread's connection (``gateway/sqlite_inline.py``) reports each
+    commit and rollback here. A turn whose ``BEGIN IMMEDIATE`` found the database
+    busy then retries as soon as that transaction ends, instead of after its
+    backoff (1 ms doubling to 50 ms), which kept a turn that met an extraction
+    job's transaction waiting 7-67 ms. A writer in another process reports
+    nothing; the backoff still bounds the wait for it.
     """
 
     def __init__(self) -> None:
         self.generation = 0
         # In the job process (gateway/jobproc.py): tells the serving process, whose turns may be waiting.
         self.on_release: Callable[[], None] | None = None
-        # Turns of this process waiting for the write lock now; in the job process, 1 while its parent says so.
-        self.turns_waiting = 0
-        # In the serving process: tells its job process when the first turn starts waiting and the last stops.
-        self.on_turns_waiting: Callable[[bool], None] | None = None
-        # What the turns of this process waited (``/metrics``): writes that found the lock held, the busy
-        # tries they made (one a write that got it at its next try; more, it lost the lock again), seconds.
+        # What this process's hot-store writes waited for the lock (``/metrics``): writes that found it
+        # held, the busy tries they made (more than one a write: it lost the lock again after a
+        # release), and the seconds from each one's first busy try to its end.
         self.waits = self.busy_tries = 0
         self.wait_seconds = 0.0
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
-        self._yielding: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
         self._lock = threading.Lock()
 
     def released(self) -> None:
@@ -109,84 +90,33 @@ class WriteLockReleases:
         with self._lock:
             self.generation += 1
             waiters, self._waiters = self._waiters, set()
-        _wake_all(waiters)
-
-    def turn_waiting(self, waiting: bool) -> None:
-        """A turn starts (True) or ends (False: it has the lock, or gave up) a wait for the write lock."""
-        with self._lock:
-            self.turns_waiting += 1 if waiting else -1
-            edge = self.turns_waiting == (1 if waiting else 0)
-            yielding = self._take_yielding()
-        _wake_all(yielding)
-        if edge and self.on_turns_waiting is not None:
-            self.on_turns_waiting(waiting)
+        for loop, fut in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
+                loop.call_soon_threadsafe(_wake, fut)
 
     def waited(self, tries: int, seconds: float) -> None:
-        """A turn's write found the lock held: ``tries`` busy tries, ``seconds`` from the first to the end."""
-        self.waits += 1
-        self.busy_tries += tries
-        self.wait_seconds += seconds
-
-    def parent_turns_waiting(self, waiting: bool) -> None:
-        """In the job process: the serving process says whether any of its turns waits for the lock."""
+        """A write found the lock held: ``tries`` busy tries, ``seconds`` from the first to its end (any thread)."""
         with self._lock:
-            self.turns_waiting = int(waiting)
-            yielding = self._take_yielding()
-        _wake_all(yielding)
-
-    def _take_yielding(self) -> set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]:
-        if self.turns_waiting:
-            return set()
-        yielding, self._yielding = self._yielding, set()
-        return yielding
+            self.waits += 1
+            self.busy_tries += tries
+            self.wait_seconds += seconds
 
     async def wait(self, generation: int, timeout: float) -> None:
         """Until a release after ``generation`` (at once if one happened already), or ``timeout`` seconds."""
-        await self._park(self._waiters, lambda: self.generation != generation, timeout)
-
-    async def yield_to_turns(self, timeout: float = YIELD_MAX_S) -> None:
-        """A background writer, before it takes the lock: until no turn waits for it, or ``timeout`` seconds.
-
-        The timeout bounds what a lost message or a turn that never gets the lock (another
-        process holds it) can cost a job: the job then writes, as it did before.
-        """
-        if not self.turns_waiting:
-            return
-        await self._park(self._yielding, lambda: not self.turns_waiting, timeout)
-
-    async def _park(
-        self,
-        into: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]],
-        done: Callable[[], bool],
-        timeout: float,
-    ) -> None:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         entry = (loop, fut)
         with self._lock:
-            if done():
+            if self.generation != generation:
                 return
-            into.add(entry)
+            self._waiters.add(entry)
         timer = loop.call_later(timeout, _wake, fut)
         try:
             await fut
         finally:
             timer.cancel()
             with self._lock:
-                into.discard(entry)
-
-
-def _wake_all(waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
-    try:
-        here = asyncio.get_running_loop()
-    except RuntimeError:
-        here = None
-    for loop, fut in waiters:
-        if loop is here:
-            _wake(fut)  # on its own loop (the job process's notice, read by the turns' loop): one iteration sooner
-            continue
-        with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
-            loop.call_soon_threadsafe(_wake, fut)
+                self._waiters.discard(entry)
 
 
 RELEASES = WriteLockReleases()
@@ -315,11 +245,8 @@ class SQLiteHotStore(HotStore):
         *,
         busy_timeout_s: float = 30.0,
         on_connect: Callable[[sqlite3.Connection], None] | None = None,
-        background: bool = False,
     ) -> None:
         self.path = path
-        # The background work's store (the job process's, the worker thread's): its writes let turns go first.
-        self.background = background
         self.busy_timeout_s = busy_timeout_s
         self._on_connect = on_connect
         self._conn: sqlite3.Connection | None = None
@@ -359,13 +286,8 @@ class SQLiteHotStore(HotStore):
             conn.close()
 
     async def _run(self, body: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
-        """``body`` in one transaction (``BEGIN IMMEDIATE`` for a write), retried while the database is busy.
-
-        A turn's store counts itself among the turns waiting for the lock while it is busy
-        (``WriteLockReleases.turn_waiting``); a background store lets those turns go first.
-        """
+        """``body`` in one transaction (``BEGIN IMMEDIATE`` for a write), retried while the database is busy."""
         wait = _FIRST_WAIT_S
-        waiting = False
         busy, first_busy = 0, 0.0
         try:
             while True:
@@ -374,12 +296,7 @@ class SQLiteHotStore(HotStore):
                 try:
                     if not write:
                         return body(conn)
-                    if self.background:
-                        await RELEASES.yield_to_turns()
                     conn.execute("BEGIN IMMEDIATE")
-                    if waiting:
-                        waiting = False
-                        RELEASES.turn_waiting(False)
                     try:
                         result = body(conn)
                         conn.execute("COMMIT")
@@ -402,17 +319,10 @@ class SQLiteHotStore(HotStore):
                         raise
                 # Another connection (the background thread's, a cold path's, another process's) holds the
                 # write lock: let the loop run, and try again when it is released or after the backoff.
-                # Busy again after a try, the turn lost the lock to another writer: from now on it asks
-                # the background writers to let it go first.
-                if busy == LOST_RACES_BEFORE_YIELD and not self.background:
-                    waiting = True
-                    RELEASES.turn_waiting(True)
                 await RELEASES.wait(released, wait)
                 wait = min(wait * 2, _MAX_WAIT_S)
         finally:
-            if waiting:
-                RELEASES.turn_waiting(False)
-            if busy and not self.background:
+            if busy:
                 RELEASES.waited(busy, time.monotonic() - first_busy)
 
     # ---- principals ----------------------------------------------------------------------

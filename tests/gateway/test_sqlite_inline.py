@@ -3,9 +3,9 @@
 What the background work writes through it must read back, through the
 aiosqlite engine every other path uses, as it would have been written there;
 a failed statement must roll back and leave the connection usable; a write must
-wait out another connection's write lock instead of failing; and the worker
-thread ``goclaw serve`` starts must use it, and run a trim's extraction job to
-the end with it.
+wait out another connection's write lock instead of failing (and ``/metrics``
+count a turn's wait); and the worker thread ``goclaw serve`` starts must use it,
+and run a trim's extraction job to the end with it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from gateway.app import Gateway
 from gateway.background import WorkerThread
 from gateway.config import Config
 from gateway.db import make_engine, upgrade
+from gateway.metrics import Metrics
 from gateway.models import Job, Message, Session
 from gateway.sessions import SessionKey, SessionStore
 from gateway.sqlite_inline import InlineConnection, make_inline_engine
@@ -193,6 +194,7 @@ async def test_a_turn_waiting_for_the_write_lock_goes_on_when_the_background_con
 
     thread = threading.Thread(target=background)
     thread.start()
+    waits, tries, seconds = hot.RELEASES.waits, hot.RELEASES.busy_tries, hot.RELEASES.wait_seconds
     try:
         assert await asyncio.to_thread(holding.wait, 30)
         turn = asyncio.create_task(
@@ -206,6 +208,13 @@ async def test_a_turn_waiting_for_the_write_lock_goes_on_when_the_background_con
         release.set()
         started = await asyncio.wait_for(turn, 15)  # well inside the 30 s backoff: woken by the commit
         assert started.stored.text == "hello"
+        # /metrics counts the wait: one write, one busy try (the next try after the commit got the lock).
+        assert (hot.RELEASES.waits, hot.RELEASES.busy_tries) == (waits + 1, tries + 1)
+        assert hot.RELEASES.wait_seconds - seconds >= 0.2
+        body = Metrics().render().decode()
+        assert f"goclaw_sqlite_write_waits_total {float(waits + 1)}" in body
+        assert f"goclaw_sqlite_write_busy_tries_total {float(tries + 1)}" in body
+        assert "goclaw_sqlite_write_wait_seconds_total " in body
     finally:
         release.set()
         await asyncio.to_thread(thread.join, 30)
