@@ -127,6 +127,7 @@ class Gateway:
             lease_s=self.config.session.job_lease_seconds,
             # A done trim job is deleted: its archive and extraction job are its record.
             forget_done=FORGET_DONE | {TRIM_JOB},
+            keep_done_s=self.config.worker.keep_done_jobs_days * 86_400,
         )
         self.idle = IdleExtractor(
             self.engine,

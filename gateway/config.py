@@ -368,6 +368,9 @@ class WorkerConfig(_Model):
     # thread with its own event loop (off the turns' loop).
     # separate: ``goclaw serve`` runs none of it; ``goclaw worker`` does (PostgreSQL only).
     mode: Literal["inline", "separate"] = "inline"
+    # Finished jobs are kept this many days (the dashboard counts them), then the worker deletes them
+    # when it is idle; trims' and revisions' jobs are deleted as they finish (their outcome is recorded).
+    keep_done_jobs_days: float = Field(default=7.0, ge=0)
 
 
 class LoggingConfig(_Model):

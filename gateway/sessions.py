@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.db import dialect_insert
@@ -610,6 +610,18 @@ class SessionStore:
                 job.run_after = self.now() + timedelta(seconds=base_delay_s * 2 ** (job.attempts - 1))
             job.locked_by = None
             return job.status
+
+    async def prune_done_jobs(self, finished_before: datetime, *, limit: int) -> int:
+        """Delete up to ``limit`` done jobs finished before ``finished_before``, oldest first; how many went.
+
+        Done jobs are read by nothing but the dashboard's count; kept forever, they grew
+        the table by a row per trim. The oldest are found on the claim's index (status, id):
+        jobs finish about in id order.
+        """
+        j = Job.__table__.c
+        oldest = select(j.id).where(j.status == "done", j.finished_at < finished_before).order_by(j.id).limit(limit)
+        async with self.engine.begin() as conn:
+            return int((await conn.execute(delete(Job).where(j.id.in_(oldest)))).rowcount or 0)
 
     async def jobs(self, *, status: str | None = None) -> list[Job]:
         """Jobs, oldest first."""

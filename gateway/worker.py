@@ -7,6 +7,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import timedelta
 
 from sqlalchemy import update
 
@@ -40,6 +41,13 @@ class ParkableError(Exception):
 
 JobHandler = Callable[[Job], Awaitable[None]]
 
+PRUNE_BATCH = 1_000
+"""Done jobs deleted in one transaction (on SQLite a turn may wait for it: a few milliseconds)."""
+PRUNE_BATCHES = 10
+"""Batches in one idle moment of the worker; more left, it comes back after ``PRUNE_AGAIN_S``."""
+PRUNE_EVERY_S = 600.0
+PRUNE_AGAIN_S = 1.0
+
 
 class JobWorker:
     """Runs jobs until stopped; a job is finished only after its handler returned."""
@@ -56,6 +64,7 @@ class JobWorker:
         lease_s: float = 30.0,
         heartbeat_s: float | None = None,
         forget_done: frozenset[str] = frozenset(),
+        keep_done_s: float | None = None,
     ) -> None:
         self.sessions = sessions
         self.handlers = dict(handlers)
@@ -70,6 +79,9 @@ class JobWorker:
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else lease_s / 3
         # Kinds whose finished jobs are deleted, not kept as done: their outcome has its own record.
         self.forget_done = forget_done
+        # Done jobs older than this are deleted when the worker is idle (None: kept); ``worker.keep_done_jobs_days``.
+        self.keep_done_s = keep_done_s
+        self._prune_at = 0.0  # the loop's time of the next prune
         self._storage_down = False
         # Called with (kind, outcome) for each job run (the job process reports them to its parent's /metrics).
         self.report: Callable[[str, str], None] | None = None
@@ -144,6 +156,33 @@ class JobWorker:
             n += 1
         return n
 
+    async def prune(self) -> tuple[int, bool]:
+        """Delete done jobs finished more than ``keep_done_s`` ago, up to ``PRUNE_BATCHES`` batches.
+
+        Returns how many went, and whether more are left for the next call.
+        """
+        if self.keep_done_s is None:
+            return 0, False
+        before = self.sessions.now() - timedelta(seconds=self.keep_done_s)
+        total = 0
+        for _ in range(PRUNE_BATCHES):
+            n = await self.sessions.prune_done_jobs(before, limit=PRUNE_BATCH)
+            total += n
+            if n < PRUNE_BATCH:
+                return total, False
+        return total, True
+
+    async def _prune_when_due(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.keep_done_s is None or loop.time() < self._prune_at:
+            return
+        self._prune_at = loop.time() + PRUNE_EVERY_S  # a failure below waits as long as a success
+        pruned, more = await self.prune()
+        if more:
+            self._prune_at = loop.time() + PRUNE_AGAIN_S
+        if pruned:
+            log.info("job worker: deleted %d done jobs finished more than %.0f s ago", pruned, self.keep_done_s)
+
     def _count(self, kind: str, outcome: str) -> None:
         if self.metrics:
             self.metrics.jobs.labels(kind, outcome).inc()
@@ -155,6 +194,7 @@ class JobWorker:
             try:
                 while await self.run_once():
                     pass
+                await self._prune_when_due()  # idle: the queue is empty
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

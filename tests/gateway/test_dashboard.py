@@ -203,6 +203,8 @@ async def test_every_page_renders_and_unknown_ids_are_404(dash: Dash) -> None:
         status, page = await dash.get(path)
         assert status == 200, (path, page[:300])
         assert "csrf" in page
+        if path == "/dashboard/":  # older done jobs are deleted (worker.keep_done_jobs_days): the count says so
+            assert "<dt>Done (last 7 days)</dt>" in page
     for path in ("/dashboard/memory/record/m_nope", "/dashboard/people/u_nope", "/dashboard/turns/999"):
         status, _ = await dash.get(path)
         assert status == 404, path

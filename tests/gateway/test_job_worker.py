@@ -1,11 +1,17 @@
-"""The job worker through a queue: each job finished claims the next, and every job runs once, in order."""
+"""The job worker through a queue: each job finished claims the next, and every job runs once, in order.
+
+Done jobs are kept ``worker.keep_done_jobs_days`` (7 by default), then the idle worker deletes them.
+"""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import gateway.worker as worker_module
+from gateway.config import Config
 from gateway.db import make_engine
 from gateway.models import Job
 from gateway.sessions import SessionKey, SessionStore
@@ -16,11 +22,11 @@ from tests.conftest import Clock
 ALICE = Principal.human("u_alice", Role.USER, "Alice")
 
 
-async def _queue(sessions: SessionStore, n: int) -> list[int]:
-    """``n`` extraction jobs, each a trim's, oldest first."""
+async def _queue(sessions: SessionStore, n: int, *, prefix: str = "queue") -> list[int]:
+    """``n`` extraction jobs, each a trim's (of sessions ``prefix-0``...), oldest first."""
     ids = []
     for c in range(n):
-        sid = await sessions.session_id(SessionKey("api", f"queue-{c}"))
+        sid = await sessions.session_id(SessionKey("api", f"{prefix}-{c}"))
         for i in range(3):
             await sessions.store_message(
                 sid, platform_message_id=f"m{i}", speaker=ALICE, display_name="A", text="x", said_at=sessions.now()
@@ -103,3 +109,68 @@ async def test_a_stop_that_lands_as_a_job_ends_stops_the_worker(engine: AsyncEng
     assert done, "the worker kept running after it was told to stop"
     assert task.cancelled()
     assert len(ran) == 1  # it stopped after the job it was running, not after the queue
+
+
+async def _never(job: Job) -> None:
+    raise AssertionError(f"no job of this kind exists: {job.kind}")
+
+
+async def _done_and_kept(sessions: SessionStore, clock: Clock) -> tuple[list[int], list[int]]:
+    """Three extraction jobs done eight days ago; a done one, a pending one and a parked one from now."""
+
+    async def ok(job: Job) -> None:
+        return None
+
+    old = await _queue(sessions, 3)
+    assert await JobWorker(sessions, {"extract": ok}).drain() == 3
+    clock.advance(days=8)
+    recent_done, pending, parked = await _queue(sessions, 3, prefix="later")
+
+    async def claim() -> int:
+        job = await sessions.claim_job("w", kinds=("extract",), lease_s=30)
+        assert job is not None
+        return job.id
+
+    assert await claim() == recent_done
+    await sessions.finish_job(recent_done)
+    assert await claim() == pending
+    assert await sessions.fail_job(pending, "the model timed out", max_attempts=5) == "pending"  # retried later
+    assert await claim() == parked
+    assert await sessions.fail_job(parked, "bad answer", max_attempts=1) == "failed"
+    return old, [recent_done, pending, parked]
+
+
+async def test_done_jobs_past_the_days_kept_are_deleted_and_no_other(
+    engine: AsyncEngine, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Kept forever they grew the table by a row per trim (the dashboard's count read them all).
+    sessions = SessionStore(engine, clock=clock)
+    old, kept = await _done_and_kept(sessions, clock)
+    monkeypatch.setattr(worker_module, "PRUNE_BATCH", 2)
+    monkeypatch.setattr(worker_module, "PRUNE_BATCHES", 1)
+    worker = JobWorker(sessions, {"none": _never}, keep_done_s=7 * 86_400)
+    assert await worker.prune() == (2, True)  # a full batch: more may be left
+    assert await worker.prune() == (1, False)
+    assert await worker.prune() == (0, False)
+    jobs = {j.id: j.status for j in await sessions.jobs()}
+    assert sorted(jobs) == sorted(kept)
+    assert [jobs[i] for i in kept] == ["done", "pending", "failed"]
+    assert not set(old) & set(jobs)
+    assert await JobWorker(sessions, {"none": _never}).prune() == (0, False)  # no keep_done_s: kept
+
+
+async def test_an_idle_worker_deletes_old_done_jobs_on_its_own(engine: AsyncEngine, clock: Clock) -> None:
+    sessions = SessionStore(engine, clock=clock)
+    old, kept = await _done_and_kept(sessions, clock)
+    worker = JobWorker(
+        sessions, {"none": _never}, keep_done_s=Config().worker.keep_done_jobs_days * 86_400, poll_interval=0.05
+    )
+    await worker.start()
+    try:
+        for _ in range(600):  # only a hang's limit: the first idle moment prunes
+            if not {j.id for j in await sessions.jobs()} & set(old):
+                break
+            await asyncio.sleep(0.05)
+        assert sorted(j.id for j in await sessions.jobs()) == sorted(kept)
+    finally:
+        await worker.stop()

@@ -47,6 +47,7 @@ async def overview(request: web.Request) -> web.StreamResponse:
             "database": make_url(cfg.database.url).render_as_string(hide_password=True),
             "dialect": gw.engine.dialect.name,
             "jobs": jobs,
+            "done_kept_days": f"{cfg.worker.keep_done_jobs_days:g}",  # older done jobs are deleted (worker.py)
             "counts": counts,
             "turns": turns.rows,
             "warnings": warnings,
