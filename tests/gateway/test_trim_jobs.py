@@ -99,6 +99,12 @@ async def test_the_turn_queues_the_trim_and_the_job_makes_it_in_one_transaction(
     # The next turn is answered from the trimmed history: the two kept lines and its own.
     await say(gw, clock, who, 4)
     assert gw.provider.seen[-1] == 3  # type: ignore[attr-defined]
+    # The done extraction job stays worker.keep_done_jobs_days (7), then the idle worker deletes it.
+    clock.advance(days=6)
+    assert await gw.worker.prune() == (0, False)
+    clock.advance(days=2)
+    assert await gw.worker.prune() == (1, False)
+    assert await gw.sessions.jobs() == []
 
 
 async def test_turns_that_outrun_the_worker_queue_again_and_the_session_is_cut_once(gw: Gateway, clock: Clock) -> None:
