@@ -6,9 +6,9 @@ automatic distillation) and the SOP scheduler. None of it belongs on the loop
 that answers turns: a slow extraction model or a 20 ms job would add to a turn's
 latency.
 
-- ``worker.mode: inline`` (the default): ``goclaw serve`` runs the jobs in a
-  child process of its own (``gateway/jobproc.py``), which shares no GIL with
-  the turns, and the rest in :class:`WorkerThread`, a thread with its own event
+- ``worker.mode: inline`` (the default): ``goclaw serve`` runs the jobs and the
+  idle sweep in a child process of its own (``gateway/jobproc.py``), which shares
+  no GIL with the turns, and the rest in :class:`WorkerThread`, a thread with its own event
   loop and its own :class:`~gateway.app.Gateway` (engine, stores, model client),
   so that an SOP run delivers through this process's channels. The turns' loop
   only wakes them.
@@ -23,6 +23,13 @@ advisory lock :data:`SINGLETON_LOCK_KEY` runs it, and another worker takes over
 when that one's connection ends (its process died). Each of those is also safe
 on its own (consolidation's own advisory lock, the SOP run row as the claim,
 the idle mark moved compare-and-set); the lock keeps them from being raced for.
+
+With a job process (``worker.mode: inline``) the idle sweep runs there, beside
+the jobs it writes, and not on the worker thread: its look for quiet sessions
+reads every live message (10-30 ms of Python and SQLite with 10,000 stored), and
+on a thread of the serving process that time held the GIL the turns' loop
+needed, every ten seconds. On PostgreSQL the job process that holds
+:data:`IDLE_LOCK_KEY` sweeps.
 """
 
 from __future__ import annotations
@@ -52,6 +59,9 @@ log = logging.getLogger("goclaw.worker")
 SINGLETON_LOCK_KEY = int.from_bytes(hashlib.sha256(b"goclaw:scheduler-singleton").digest()[:8], "big", signed=True)
 """The PostgreSQL advisory lock of the scheduler-type work (one worker at a time)."""
 
+IDLE_LOCK_KEY = int.from_bytes(hashlib.sha256(b"goclaw:idle-sweep-singleton").digest()[:8], "big", signed=True)
+"""The PostgreSQL advisory lock of the idle sweep where a job process runs it apart from the rest (one at a time)."""
+
 LEADER_RETRY_S = 5.0
 
 
@@ -61,14 +71,35 @@ class Background:
     Args:
         gw: A Gateway started with ``worker=False``.
         retry_s: How often a worker without the lock tries to take it, and checks it still holds it.
+        jobs: Run the job worker (False: the job process, ``gateway/jobproc.py``, runs the jobs).
+        idle: Run the idle sweep (False: the job process runs it).
+        scheduled: Run the memory scheduler and the SOP scheduler (False: the job process's
+            idle sweep alone, under :data:`IDLE_LOCK_KEY` on PostgreSQL).
     """
 
-    def __init__(self, gw: Gateway, *, retry_s: float = LEADER_RETRY_S, jobs: bool = True) -> None:
+    def __init__(
+        self,
+        gw: Gateway,
+        *,
+        retry_s: float = LEADER_RETRY_S,
+        jobs: bool = True,
+        idle: bool = True,
+        scheduled: bool = True,
+    ) -> None:
         self.gw = gw
         self.retry_s = retry_s
-        self.jobs = jobs  # False: the job process (gateway/jobproc.py) runs them
+        self.jobs = jobs
+        self.idle = idle
+        self.scheduled = scheduled
+        self.lock_key = SINGLETON_LOCK_KEY if scheduled else IDLE_LOCK_KEY
         self.leading = False
         self._task: asyncio.Task[None] | None = None
+
+    def _work(self) -> str:
+        """What this runs while it holds its lock, for the log."""
+        if not self.scheduled:
+            return "the idle extraction sweep"
+        return f"the scheduled work ({'idle extraction, ' if self.idle else ''}consolidation, SOP schedules)"
 
     async def start(self) -> None:
         """Start the job worker (unless another process runs the jobs), and the loop that holds the scheduler lock."""
@@ -81,21 +112,26 @@ class Background:
         task, self._task = self._task, None
         await cancel_and_wait(task)
         await self._stop_singletons()
-        await self.gw.worker.stop()
+        if self.jobs:
+            await self.gw.worker.stop()
 
     async def _start_singletons(self) -> None:
         self.leading = True
-        await self.gw.idle.start()
-        await self.gw.memory.scheduler.start()
-        await self.gw.automation.start()
+        if self.idle:
+            await self.gw.idle.start()
+        if self.scheduled:
+            await self.gw.memory.scheduler.start()
+            await self.gw.automation.start()
 
     async def _stop_singletons(self) -> None:
         if not self.leading:
             return
         self.leading = False
-        await self.gw.automation.stop()
-        await self.gw.memory.scheduler.stop()
-        await self.gw.idle.stop()
+        if self.scheduled:
+            await self.gw.automation.stop()
+            await self.gw.memory.scheduler.stop()
+        if self.idle:
+            await self.gw.idle.stop()
 
     async def _lead(self) -> None:
         engine = self.gw.engine
@@ -105,8 +141,8 @@ class Background:
         while True:
             try:
                 async with engine.connect() as conn:
-                    if await self._try_lock(conn):
-                        log.info("this worker runs the scheduled work (idle extraction, consolidation, SOP schedules)")
+                    if await self._try_lock(conn, self.lock_key):
+                        log.info("this %s runs %s", "worker" if self.scheduled else "job process", self._work())
                         await self._start_singletons()
                         try:
                             while True:  # a dead connection means the lock is gone too
@@ -118,7 +154,7 @@ class Background:
                             # A session lock outlives the transaction: let it go before the connection
                             # goes back to the pool (a dead connection took it with it already).
                             with contextlib.suppress(Exception):
-                                await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": SINGLETON_LOCK_KEY})
+                                await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": self.lock_key})
                                 await conn.commit()
                     else:
                         await conn.rollback()
@@ -129,8 +165,8 @@ class Background:
             await asyncio.sleep(self.retry_s)
 
     @staticmethod
-    async def _try_lock(conn: AsyncConnection) -> bool:
-        got = bool((await conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": SINGLETON_LOCK_KEY})).scalar())
+    async def _try_lock(conn: AsyncConnection, key: int) -> bool:
+        got = bool((await conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key})).scalar())
         await conn.commit()
         return got
 
@@ -149,9 +185,10 @@ async def _start_worker_gateway(
     if metrics is not None:
         gw.metrics = metrics  # the serving process's /metrics shows the jobs too
     await gw.start(channels=False, worker=False)
-    # With a job process, what this gateway queues (an idle slice, an SOP run's trim) wakes that process.
+    # With a job process, what this gateway queues (an SOP run's trim) wakes that process, which runs the
+    # jobs and the idle sweep.
     gw.wake_remote_worker = wake_jobs
-    bg = Background(gw, jobs=wake_jobs is None)
+    bg = Background(gw, jobs=wake_jobs is None, idle=wake_jobs is None)
     await bg.start()
     return gw, bg
 

@@ -1,9 +1,11 @@
 """The job process: ``goclaw serve``'s durable jobs (extraction, belief revision's judge) in a child process.
 
 With ``worker.mode: inline``, ``goclaw serve`` runs its background work itself.
-The scheduler-type work (idle sweep, consolidation, SOP schedules, whose runs
-deliver through this process's channels) stays on the worker thread
-(``gateway/background.py``); the jobs run here, in a process of their own. A
+The jobs run here, in a process of their own, and so does the idle sweep that
+writes extraction jobs for quiet sessions (on PostgreSQL, in the one job process
+that holds its advisory lock). The other scheduler-type work (consolidation, SOP
+schedules, whose runs deliver through the serving process's channels) stays on
+the worker thread (``gateway/background.py``). A
 job is CPU work in Python (an extraction job writing its summary is about 5 ms);
 on a thread of the serving process it held the GIL the turns' loop needed after
 each inline SQLite call, and a turn that met a job waited for it: on SQLite
@@ -229,6 +231,7 @@ class JobProcess:
 async def run_job_process(cfg: Config, fd: int) -> None:
     """The child: the job worker of a gateway on ``cfg`` until its parent's end of the socket closes."""
     from gateway.app import Gateway
+    from gateway.background import Background
     from gateway.heap import settle_heap
 
     sock = socket.socket(fileno=fd)
@@ -274,11 +277,16 @@ async def run_job_process(cfg: Config, fd: int) -> None:
         if gw.engine.dialect.name == "sqlite"
         else None
     )
+    # The idle sweep, beside the jobs it writes (its on_job wakes this process's worker): on the serving
+    # process's worker thread its look for quiet sessions held the GIL the turns needed (gateway/background.py).
+    sweep = Background(gw, jobs=False, scheduled=False)
     try:
         await gw.worker.start()
+        await sweep.start()
         settle_heap()
         await stop.wait()
     finally:
+        await sweep.stop()
         await cancel_and_wait(checkpoints)
         loop.remove_reader(sock)
         RELEASES.on_release = None
@@ -366,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     except GoclawError as exc:
         print(f"goclaw job process: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # It writes to serve's own log (its stderr): each line says it came from here.
+    logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s [job process] %(name)s: %(message)s")
     asyncio.run(run_job_process(cfg, args.fd))
     return 0
 

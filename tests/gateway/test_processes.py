@@ -473,16 +473,18 @@ def _jobs_done(port: int, kind: str = "extract") -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def _sqlite_serve(tmp_path: Path, token: str) -> tuple[str, int, dict[str, Any], Path, subprocess.Popen[str]]:
-    """A ``goclaw serve`` on a fresh SQLite file, one API user, trimming after 4 messages (kept 2): its
-    database url, port, config, log and process."""
+def _sqlite_serve(
+    tmp_path: Path, token: str, *, idle_s: float = 0
+) -> tuple[str, int, dict[str, Any], Path, subprocess.Popen[str]]:
+    """A ``goclaw serve`` on a fresh SQLite file, one API user, trimming after 4 messages (kept 2), the idle
+    sweep off unless ``idle_s``: its database url, port, config, log and process."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
     users = asyncio.run(_seed(url, 1))
     port = free_port()
     cfg = {
         "database": {"url": url},
         "server": {"port": port, "api_users": [{"token": token, "user": users[0]}]},
-        "session": {"max_messages": 4, "keep_messages": 2, "idle_extract_seconds": 0},
+        "session": {"max_messages": 4, "keep_messages": 2, "idle_extract_seconds": idle_s},
         "logging": {"level": "INFO"},
     }
     (tmp_path / "config.yaml").write_text(json.dumps(cfg))
@@ -514,6 +516,34 @@ def test_on_sqlite_serve_s_trims_are_jobs_the_job_process_runs(tmp_path: Path) -
         stop_processes(procs, "goclaw serve")
     assert procs[0].returncode == 0
     assert "Traceback" not in log.read_text()
+
+
+def test_on_sqlite_a_quiet_session_is_learned_by_the_job_process_s_sweep(tmp_path: Path) -> None:
+    # The sweep reads every live message to find the quiet sessions: on the serving process's worker
+    # thread it held the GIL the turns' loop needed (10-30 ms every ten seconds with 10,000 stored).
+    token = "idlejob-token-0123456789abcdef"
+    _url, port, _cfg, log, serve = _sqlite_serve(tmp_path, token, idle_s=1)
+    procs = [serve]
+    try:
+        wait_for(lambda: healthy(port), "goclaw serve", procs)
+        status, body = _post(port, token, "quiet", "q-m0 I am based in Lisbon", "q-m0")
+        assert status == 200, body
+        # No trim: the session goes quiet, the sweep hands the message to extraction, and it is learned.
+        wait_for(lambda: _jobs_done(port) >= 1, "the idle slice's extraction job, counted in /metrics", procs)
+        conn = sqlite3.connect(tmp_path / "g.db")
+        try:
+            learned = conn.execute(
+                "SELECT content FROM memory_records WHERE scope = 'personal' AND status = 'live'"
+            ).fetchall()
+        finally:
+            conn.close()
+        assert ("Based in Lisbon",) in learned, learned
+        handed = [line for line in log.read_text().splitlines() if "handed to extraction" in line]
+        assert handed, log.read_text()
+        assert all("[job process]" in line for line in handed), handed  # never the serving process
+    finally:
+        stop_processes(procs, "goclaw serve")
+    assert "Traceback" not in log.read_text(), log.read_text()
 
 
 def test_on_sqlite_the_job_process_is_restarted_on_serve_s_config_and_never_outlives_serve(tmp_path: Path) -> None:
