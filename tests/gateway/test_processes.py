@@ -40,6 +40,7 @@ from sqlalchemy import func, select
 
 from gateway.db import make_engine, upgrade
 from gateway.models import Job, Message
+from memory.models import MemoryRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 SESSIONS = 4
@@ -518,32 +519,49 @@ def test_on_sqlite_serve_s_trims_are_jobs_the_job_process_runs(tmp_path: Path) -
     assert "Traceback" not in log.read_text()
 
 
-def test_on_sqlite_a_quiet_session_is_learned_by_the_job_process_s_sweep(tmp_path: Path) -> None:
+def test_a_quiet_session_is_learned_by_the_job_process_s_sweep(db_url: str, tmp_path: Path) -> None:
     # The sweep reads every live message to find the quiet sessions: on the serving process's worker
     # thread it held the GIL the turns' loop needed (10-30 ms every ten seconds with 10,000 stored).
-    token = "idlejob-token-0123456789abcdef"
-    _url, port, _cfg, log, serve = _sqlite_serve(tmp_path, token, idle_s=1)
-    procs = [serve]
+    # On PostgreSQL (worker.mode inline) the job process sweeps under the sweep's own advisory lock.
+    users = asyncio.run(_seed(db_url, 1))
+    token, port = "idlejob-token-0123456789abcdef", free_port()
+    cfg = {
+        "database": {"url": db_url},
+        "server": {"port": port, "api_users": [{"token": token, "user": users[0]}]},
+        "session": {"idle_extract_seconds": 1},
+        "logging": {"level": "INFO"},
+    }
+    (tmp_path / "config.yaml").write_text(json.dumps(cfg))
+    log = tmp_path / "serve.log"
+    procs = [_spawn(["-m", "gateway", "serve", "--config", "config.yaml"], tmp_path, log)]
     try:
         wait_for(lambda: healthy(port), "goclaw serve", procs)
         status, body = _post(port, token, "quiet", "q-m0 I am based in Lisbon", "q-m0")
         assert status == 200, body
         # No trim: the session goes quiet, the sweep hands the message to extraction, and it is learned.
         wait_for(lambda: _jobs_done(port) >= 1, "the idle slice's extraction job, counted in /metrics", procs)
-        conn = sqlite3.connect(tmp_path / "g.db")
-        try:
-            learned = conn.execute(
-                "SELECT content FROM memory_records WHERE scope = 'personal' AND status = 'live'"
-            ).fetchall()
-        finally:
-            conn.close()
-        assert ("Based in Lisbon",) in learned, learned
+        learned = asyncio.run(_live_personal(db_url))
+        assert "Based in Lisbon" in learned, learned
         handed = [line for line in log.read_text().splitlines() if "handed to extraction" in line]
         assert handed, log.read_text()
         assert all("[job process]" in line for line in handed), handed  # never the serving process
+        if db_url.startswith("postgresql"):
+            assert "[job process] goclaw.worker: this job process runs the idle extraction sweep" in log.read_text()
     finally:
         stop_processes(procs, "goclaw serve")
     assert "Traceback" not in log.read_text(), log.read_text()
+
+
+async def _live_personal(url: str) -> list[str]:
+    """The contents of the live personal records."""
+    t = MemoryRecord.__table__
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as conn:
+            q = select(t.c.content).where(t.c.scope == "personal", t.c.status == "live")
+            return [r[0] for r in await conn.execute(q)]
+    finally:
+        await engine.dispose()
 
 
 def test_on_sqlite_the_job_process_is_restarted_on_serve_s_config_and_never_outlives_serve(tmp_path: Path) -> None:
