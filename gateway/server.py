@@ -102,9 +102,9 @@ async def serve_forever(cfg: Config, *, child: int | None = None, config_path: s
         else:
             log.info("dashboard: log in at http://%s:%s/ with server.dashboard_token", cfg.server.host, port)
         if job_process:
-            # The background work after the listener (/healthz answers meanwhile): the jobs in a
-            # process of their own (gateway/jobproc.py), the scheduled work on a thread with its own
-            # event loop; neither delays a turn.
+            # The background work after the listener (/healthz answers meanwhile): the jobs and the idle
+            # sweep in a process of their own (gateway/jobproc.py), the rest of the scheduled work on a
+            # thread with its own event loop; neither delays a turn.
             jobs = JobProcess(
                 config_path,
                 on_job=lambda kind, outcome: gw.metrics.jobs.labels(kind, outcome).inc(),
