@@ -474,18 +474,16 @@ def _jobs_done(port: int, kind: str = "extract") -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def _sqlite_serve(
-    tmp_path: Path, token: str, *, idle_s: float = 0
-) -> tuple[str, int, dict[str, Any], Path, subprocess.Popen[str]]:
-    """A ``goclaw serve`` on a fresh SQLite file, one API user, trimming after 4 messages (kept 2), the idle
-    sweep off unless ``idle_s``: its database url, port, config, log and process."""
+def _sqlite_serve(tmp_path: Path, token: str) -> tuple[str, int, dict[str, Any], Path, subprocess.Popen[str]]:
+    """A ``goclaw serve`` on a fresh SQLite file, one API user, trimming after 4 messages (kept 2): its
+    database url, port, config, log and process."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
     users = asyncio.run(_seed(url, 1))
     port = free_port()
     cfg = {
         "database": {"url": url},
         "server": {"port": port, "api_users": [{"token": token, "user": users[0]}]},
-        "session": {"max_messages": 4, "keep_messages": 2, "idle_extract_seconds": idle_s},
+        "session": {"max_messages": 4, "keep_messages": 2, "idle_extract_seconds": 0},
         "logging": {"level": "INFO"},
     }
     (tmp_path / "config.yaml").write_text(json.dumps(cfg))
