@@ -20,7 +20,8 @@ first alternates from run to run (the first after the echo measured 8-10% fewer
 turns/s at 8 clients, whichever tree it was), so use an even ``--runs`` or several.
 On SQLite it also prints, per turn, what the turns waited for SQLite's write lock
 (the job process's writes hold it): the writes that found it held, their busy tries
-(more than one a write: the write lost the lock again after a release) and the ms
+(since the twenty-second session 2 ms of inline polls count as one; past them, one more
+for each wait for a release) and the ms
 waited, from the gateway's ``/metrics`` (trees since 2026-12-04's nineteenth session).
 
     .venv/bin/python bench/turn_overhead.py [--requests 1500] [--clients 1,8] [--runs 3]

@@ -49,7 +49,7 @@ class _WriteLockWaits(Collector):
         )
         yield CounterMetricFamily(
             "goclaw_sqlite_write_busy_tries",
-            "Tries of those writes that found the lock held (more than one a write: it lost the lock again)",
+            "Tries of those writes that found the lock held (2 ms of inline polls are one; more: waits for a release)",
             value=RELEASES.busy_tries,
         )
         yield CounterMetricFamily(

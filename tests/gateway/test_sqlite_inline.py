@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -208,14 +209,104 @@ async def test_a_turn_waiting_for_the_write_lock_goes_on_when_the_background_con
         release.set()
         started = await asyncio.wait_for(turn, 15)  # well inside the 30 s backoff: woken by the commit
         assert started.stored.text == "hello"
-        # /metrics counts the wait: one write, one busy try (the next try after the commit got the lock).
-        assert (hot.RELEASES.waits, hot.RELEASES.busy_tries) == (waits + 1, tries + 1)
+        # /metrics counts the wait: one write, two busy tries (2 ms of inline polls, then the wait for a
+        # release; the next try after the commit got the lock).
+        assert (hot.RELEASES.waits, hot.RELEASES.busy_tries) == (waits + 1, tries + 2)
         assert hot.RELEASES.wait_seconds - seconds >= 0.2
         body = Metrics().render().decode()
         assert f"goclaw_sqlite_write_waits_total {float(waits + 1)}" in body
-        assert f"goclaw_sqlite_write_busy_tries_total {float(tries + 1)}" in body
+        assert f"goclaw_sqlite_write_busy_tries_total {float(tries + 2)}" in body
         assert "goclaw_sqlite_write_wait_seconds_total " in body
     finally:
         release.set()
         await asyncio.to_thread(thread.join, 30)
+        await plain.dispose()
+
+
+async def _started_turn(sessions: SessionStore, conversation: str) -> None:
+    await sessions.begin_turn(
+        SessionKey("api", conversation), platform_message_id="m1", speaker=ALICE, display_name="Alice",
+        text="hello", said_at=datetime.now(UTC), history_limit=10,
+    )  # fmt: skip
+
+
+async def test_a_write_that_finds_the_lock_held_briefly_takes_it_without_putting_the_turn_behind_the_loop(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job process's write transactions are short: a turn polls the lock inline, not through the loop.
+
+    Through the loop, the turn went behind every callback queued by then (at 8 clients the other
+    turns, a millisecond each), 5-6 ms a waiting write.
+    """
+    import gateway.hotstore.sqlite as hot
+
+    plain = make_engine(sqlite_url)
+    await upgrade(plain)
+    sessions = SessionStore(plain)
+    await _started_turn(sessions, "warm")  # the hot store's connection opened
+    holder = sqlite3.connect(_db_path(sqlite_url), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process's short write transaction
+    holder.execute("UPDATE sessions SET previous_context = 'held' WHERE conversation_id = 'warm'")
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:  # the holder commits while the turn polls
+        pauses.append(seconds)
+        if holder.in_transaction:
+            holder.execute("COMMIT")
+
+    monkeypatch.setattr(hot, "_pause", pause)
+    others_ran = asyncio.Event()
+    other = asyncio.get_running_loop().call_soon(others_ran.set)  # what the loop had queued
+    waits, tries = hot.RELEASES.waits, hot.RELEASES.busy_tries
+    try:
+        await _started_turn(sessions, "polled")
+        assert pauses == [hot.POLL_STEP_S]  # it found the lock held once, polled, and took it
+        assert not others_ran.is_set()  # without the loop running the callbacks queued before it
+        assert (hot.RELEASES.waits, hot.RELEASES.busy_tries) == (waits + 1, tries + 1)
+        async with plain.connect() as conn:
+            stored = await conn.scalar(
+                select(Message.text).join(Session, Session.id == Message.session_id)
+                .where(Session.conversation_id == "polled")
+            )  # fmt: skip
+            held = await conn.scalar(select(Session.previous_context).where(Session.conversation_id == "warm"))
+        assert (stored, held) == ("hello", "held")  # both writes kept
+    finally:
+        other.cancel()
+        holder.close()
+        await plain.dispose()
+
+
+async def test_while_one_write_waits_for_a_release_the_next_does_not_poll_and_the_loop_runs(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lock held past the inline polls is held long: writes after it wait without holding the loop."""
+    import gateway.hotstore.sqlite as hot
+
+    monkeypatch.setattr(hot, "_FIRST_WAIT_S", 30.0)  # only a release wakes them
+    monkeypatch.setattr(hot, "_MAX_WAIT_S", 30.0)
+    plain = make_engine(sqlite_url)
+    await upgrade(plain)
+    sessions = SessionStore(plain)
+    await _started_turn(sessions, "warm")
+    holder = sqlite3.connect(_db_path(sqlite_url), isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    pauses: list[float] = []
+    monkeypatch.setattr(hot, "_pause", lambda s: (pauses.append(s), time.sleep(s)))
+    try:
+        first = asyncio.create_task(_started_turn(sessions, "first"))
+        await asyncio.sleep(0.1)  # the loop runs: the first write polled for 2 ms, then waits for a release
+        assert not first.done()
+        polled = len(pauses)
+        assert polled >= 1
+        second = asyncio.create_task(_started_turn(sessions, "second"))
+        await asyncio.sleep(0.1)
+        assert not second.done()
+        assert len(pauses) == polled  # it did not poll: one write already waits for a release
+        holder.execute("COMMIT")
+        hot.RELEASES.released()  # what the job process reports when its transaction ends
+        await asyncio.wait_for(asyncio.gather(first, second), 15)
+    finally:
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+        holder.close()
         await plain.dispose()
