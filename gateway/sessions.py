@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 
 TRIM_JOB = "trim"
 """A durable job that trims one session (``TurnHandler`` queues it after the reply when trims run as jobs)."""
+_TRIMS_KEPT = 10_000
+"""Sessions whose last queued trim job ``queue_trim`` remembers (the least recent forgotten first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +229,8 @@ class SessionStore:
         self._hot = hot_store(engine)
         self._stored: Kept[MessageRow, StoredMessage] = Kept()  # history rows made once (gateway/kept.py)
         self.answer_lease_s = ANSWER_LEASE_S  # session.answer_lease_seconds (gateway/ordering.py)
+        # Each session's last trim job this store queued, newest last (``queue_trim``).
+        self._trims_queued: OrderedDict[str, int] = OrderedDict()
 
     def now(self) -> datetime:
         """The store's clock."""
@@ -523,9 +528,32 @@ class SessionStore:
 
         The job trims as ``trim`` does, when it runs: a session already trimmed by then
         (another job, another process) has nothing to cut and the job does nothing.
+
+        While the session's last trim job from this store is still pending, none is added
+        and its id is returned: it has not read the session yet, so it will cut what this
+        one would, this turn's messages included (they are committed before this is
+        called), as the first of them would have, then and now. Each turn past
+        ``max_messages`` used to queue one until a worker got to the first, and the rest
+        found nothing to cut: on PostgreSQL at 8 clients 0.25 trim jobs a turn for 0.03
+        trims, each a claim, a session lock, its live messages read and a commit, in the
+        queue ahead of the extraction jobs. A job that another process queued, or one
+        already running, is not looked for: at most one more job each, as before.
         """
         payload = {"session_id": session_id, "turn_principal": principal_json(turn_principal)}
-        return await self.queue_job(TRIM_JOB, payload)
+        now = self.now()
+        last = self._trims_queued.get(session_id)
+        if last is None:
+            job_id = await self._hot.queue_job(TRIM_JOB, payload, now)
+        else:
+            queued = await self._hot.queue_job_unless_pending(TRIM_JOB, payload, now, last)
+            if queued is None:
+                return last
+            job_id = queued
+        self._trims_queued[session_id] = job_id
+        self._trims_queued.move_to_end(session_id)
+        while len(self._trims_queued) > _TRIMS_KEPT:
+            self._trims_queued.popitem(last=False)
+        return job_id
 
     async def queue_job(self, kind: str, payload: dict[str, Any]) -> int:
         """Record a pending job of ``kind``, due now, in a transaction of its own; returns its id."""

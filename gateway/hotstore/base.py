@@ -243,6 +243,15 @@ class HotStore(abc.ABC):
         """Record a pending job of ``kind``, due at ``now``, in a transaction of its own; returns its id."""
 
     @abc.abstractmethod
+    async def queue_job_unless_pending(
+        self, kind: str, payload: dict[str, Any], now: datetime, pending_id: int
+    ) -> int | None:
+        """``queue_job``, unless job ``pending_id`` is still pending: then nothing is written and None returned.
+
+        One statement: the look and the insert in the same snapshot.
+        """
+
+    @abc.abstractmethod
     async def finish_job(self, job_id: int, now: datetime, *, forget: bool = False) -> None:
         """Mark a job done; ``forget``: delete it (its outcome has a record of its own: an archive, revisions)."""
 

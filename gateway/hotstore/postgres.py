@@ -132,6 +132,12 @@ _STORE_WITH_RECORD = (
     " $16::json, $17::json FROM m RETURNING id) SELECT m.id, (SELECT id FROM t) FROM m"
 )
 _MARK = "UPDATE messages SET archive_id = $1 WHERE id = ANY($2::integer[])"
+# ``sql.QUEUE_JOB_UNLESS_PENDING`` with its parameters typed (an INSERT ... SELECT list does not take the columns').
+_QUEUE_JOB_UNLESS_PENDING = (
+    "INSERT INTO jobs (kind, payload, status, attempts, run_after, created_at)"
+    " SELECT $1::varchar, $2::json, 'pending', 0, $3::timestamptz, $4::timestamptz"
+    " WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = $5 AND status = 'pending') RETURNING id"
+)
 
 
 def _aware(value: datetime) -> datetime:
@@ -371,6 +377,15 @@ class PostgresHotStore(HotStore):
         pool = await self._get_pool()
         at = _aware(now)
         return int(await pool.fetchval(_QUEUE_JOB, kind, payload, at, at))
+
+    async def queue_job_unless_pending(
+        self, kind: str, payload: dict[str, Any], now: datetime, pending_id: int
+    ) -> int | None:
+        """``queue_job``, unless job ``pending_id`` is still pending (then None, nothing written)."""
+        pool = await self._get_pool()
+        at = _aware(now)
+        job_id = await pool.fetchval(_QUEUE_JOB_UNLESS_PENDING, kind, payload, at, at, pending_id)
+        return None if job_id is None else int(job_id)
 
     async def finish_job(self, job_id: int, now: datetime, *, forget: bool = False) -> None:
         """Mark a job done (``forget``: delete it)."""

@@ -73,6 +73,12 @@ QUEUE_JOB = (
     "INSERT INTO jobs (kind, payload, status, attempts, run_after, created_at)"
     " VALUES (?, ?, 'pending', 0, ?, ?) RETURNING id"
 )
+# The same, unless the job given last (by id) is still pending: then no row (it will do what this one would).
+QUEUE_JOB_UNLESS_PENDING = (
+    "INSERT INTO jobs (kind, payload, status, attempts, run_after, created_at)"
+    " SELECT ?, ?, 'pending', 0, ?, ? WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = ? AND status = 'pending')"
+    " RETURNING id"
+)
 
 # ---- the job queue (the worker's every job: claim, the trimmed slice, done) -------------
 JOB_COLUMNS = (

@@ -468,6 +468,18 @@ class SQLiteHotStore(HotStore):
 
         return await self._run(body, write=True)
 
+    async def queue_job_unless_pending(
+        self, kind: str, payload: dict[str, Any], now: datetime, pending_id: int
+    ) -> int | None:
+        """``queue_job``, unless job ``pending_id`` is still pending (then None, nothing written)."""
+        at, text = encode_time(now), json.dumps(payload)
+
+        def body(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(sql.QUEUE_JOB_UNLESS_PENDING, (kind, text, at, at, pending_id)).fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._run(body, write=True)
+
     async def finish_job(self, job_id: int, now: datetime, *, forget: bool = False) -> None:
         """Mark a job done (``forget``: delete it)."""
         done = _finish_job(job_id, encode_time(now), forget)

@@ -586,6 +586,23 @@ async def _trimmed(store: SessionStore, conversation: str) -> tuple[str, str]:
     return sid, done.archive_id
 
 
+async def test_a_job_is_queued_unless_the_one_named_is_still_pending(engine: AsyncEngine, clock: Clock) -> None:
+    # Both stores: one statement looks at the named job and inserts only if it is not pending.
+    hot = hot_store(engine)
+    first = await hot.queue_job("trim", {"session_id": "s1"}, clock.now)
+    assert await hot.queue_job_unless_pending("trim", {"session_id": "s1", "n": 2}, clock.now, first) is None
+    store = SessionStore(engine, clock=clock)
+    assert [(j.id, j.payload) for j in await store.jobs()] == [(first, {"session_id": "s1"})]  # nothing added
+    taken = await store.claim_job("w1", kinds=("trim",), lease_s=60)
+    assert taken is not None and taken.id == first
+    second = await hot.queue_job_unless_pending("trim", {"session_id": "s1", "n": 3}, clock.now, first)
+    assert second is not None and second != first  # the named one is running: a new one
+    assert await hot.queue_job_unless_pending("trim", {}, clock.now, 987_654) is not None  # no such job
+    (row,) = [j for j in await store.jobs() if j.id == second]
+    assert (row.kind, row.status, row.payload, row.attempts) == ("trim", "pending", {"session_id": "s1", "n": 3}, 0)
+    assert row.run_after == clock.now and row.created_at == clock.now
+
+
 async def test_each_job_is_claimed_once_across_processes_and_reads_back_as_stored(
     engine: AsyncEngine, db_url: str, clock: Clock
 ) -> None:

@@ -107,20 +107,34 @@ async def test_the_turn_queues_the_trim_and_the_job_makes_it_in_one_transaction(
     assert await gw.sessions.jobs() == []
 
 
-async def test_turns_that_outrun_the_worker_queue_again_and_the_session_is_cut_once(gw: Gateway, clock: Clock) -> None:
+async def test_turns_that_outrun_the_worker_add_no_trim_while_theirs_is_pending_and_the_session_is_cut_once(
+    gw: Gateway, clock: Clock
+) -> None:
     who = await alice(gw)
     results = [await say(gw, clock, who, i) for i in range(6)]  # past max_messages at the 4th, 5th and 6th
     sid = results[-1].session_id
-    queued = await gw.sessions.jobs(status="pending")
-    assert [j.kind for j in queued] == [TRIM_JOB] * 3
-    assert all(j.payload["turn_principal"]["user_id"] == who.user_id for j in queued)
-    # The first job cuts all but keep_messages; the two after it find nothing to cut.
-    assert await gw.worker.drain() == 4
+    # The 5th and 6th turns found the 4th's trim job still pending: it will cut their messages too.
+    (queued,) = await gw.sessions.jobs(status="pending")
+    assert queued.kind == TRIM_JOB and queued.payload["turn_principal"]["user_id"] == who.user_id
+    assert await gw.worker.drain() == 2  # the trim, then its extraction
     (archive,) = await gw.sessions.list_archives(session_id=sid)
-    assert archive.message_count == 10
+    assert archive.message_count == 10  # all but keep_messages, the last two turns' included
     assert len(await gw.sessions.history(sid)) == 2
     jobs = await gw.sessions.jobs()
     assert [(j.kind, j.status) for j in jobs] == [("extract", "done")]  # one archive, one extraction
+
+
+async def test_a_turn_queues_a_trim_again_once_the_pending_one_has_been_taken(gw: Gateway, clock: Clock) -> None:
+    who = await alice(gw)
+    [await say(gw, clock, who, i) for i in range(4)]  # the 4th queues a trim
+    lease = gw.config.session.job_lease_seconds
+    taken = await gw.sessions.claim_job("w-1", kinds=(TRIM_JOB,), lease_s=lease)
+    assert taken is not None  # running: it may have read the session before the next turn's messages
+    await say(gw, clock, who, 4)
+    pending = await gw.sessions.jobs(status="pending")
+    assert [j.kind for j in pending] == [TRIM_JOB] and pending[0].id != taken.id
+    await say(gw, clock, who, 5)  # that one is pending: nothing more
+    assert [j.id for j in await gw.sessions.jobs(status="pending")] == [pending[0].id]
 
 
 async def test_a_trim_job_whose_worker_died_is_run_again_and_trims_once(gw: Gateway, clock: Clock) -> None:
