@@ -248,7 +248,9 @@ class HotStore(abc.ABC):
     ) -> int | None:
         """``queue_job``, unless job ``pending_id`` is still pending: then nothing is written and None returned.
 
-        One statement: the look and the insert in the same snapshot.
+        ``payload`` names a ``session_id``; the pending job counts only if it is of the same kind and
+        session (on SQLite a deleted job's id may be given to another job). One statement: the look
+        and the insert in the same snapshot.
         """
 
     @abc.abstractmethod

@@ -136,7 +136,8 @@ _MARK = "UPDATE messages SET archive_id = $1 WHERE id = ANY($2::integer[])"
 _QUEUE_JOB_UNLESS_PENDING = (
     "INSERT INTO jobs (kind, payload, status, attempts, run_after, created_at)"
     " SELECT $1::varchar, $2::json, 'pending', 0, $3::timestamptz, $4::timestamptz"
-    " WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = $5 AND status = 'pending') RETURNING id"
+    " WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = $5 AND status = 'pending' AND kind = $1"
+    " AND payload->>'session_id' = $6) RETURNING id"
 )
 
 
@@ -384,7 +385,8 @@ class PostgresHotStore(HotStore):
         """``queue_job``, unless job ``pending_id`` is still pending (then None, nothing written)."""
         pool = await self._get_pool()
         at = _aware(now)
-        job_id = await pool.fetchval(_QUEUE_JOB_UNLESS_PENDING, kind, payload, at, at, pending_id)
+        session = str(payload["session_id"])
+        job_id = await pool.fetchval(_QUEUE_JOB_UNLESS_PENDING, kind, payload, at, at, pending_id, session)
         return None if job_id is None else int(job_id)
 
     async def finish_job(self, job_id: int, now: datetime, *, forget: bool = False) -> None:

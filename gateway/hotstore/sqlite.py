@@ -475,7 +475,8 @@ class SQLiteHotStore(HotStore):
         at, text = encode_time(now), json.dumps(payload)
 
         def body(conn: sqlite3.Connection) -> int | None:
-            row = conn.execute(sql.QUEUE_JOB_UNLESS_PENDING, (kind, text, at, at, pending_id)).fetchone()
+            args = (kind, text, at, at, pending_id, kind, str(payload["session_id"]))
+            row = conn.execute(sql.QUEUE_JOB_UNLESS_PENDING, args).fetchone()
             return None if row is None else int(row[0])
 
         return await self._run(body, write=True)

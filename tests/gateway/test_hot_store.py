@@ -597,7 +597,12 @@ async def test_a_job_is_queued_unless_the_one_named_is_still_pending(engine: Asy
     assert taken is not None and taken.id == first
     second = await hot.queue_job_unless_pending("trim", {"session_id": "s1", "n": 3}, clock.now, first)
     assert second is not None and second != first  # the named one is running: a new one
-    assert await hot.queue_job_unless_pending("trim", {}, clock.now, 987_654) is not None  # no such job
+    assert await hot.queue_job_unless_pending("trim", {"session_id": "s1"}, clock.now, 987_654) is not None  # none
+    # A pending job of another session or kind under that id (SQLite gives a deleted job's id again) is not it.
+    other = await hot.queue_job("trim", {"session_id": "s2"}, clock.now)
+    assert await hot.queue_job_unless_pending("trim", {"session_id": "s1"}, clock.now, other) is not None
+    extract = await hot.queue_job("extract", {"session_id": "s1"}, clock.now)
+    assert await hot.queue_job_unless_pending("trim", {"session_id": "s1"}, clock.now, extract) is not None
     (row,) = [j for j in await store.jobs() if j.id == second]
     assert (row.kind, row.status, row.payload, row.attempts) == ("trim", "pending", {"session_id": "s1", "n": 3}, 0)
     assert row.run_after == clock.now and row.created_at == clock.now
