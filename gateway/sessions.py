@@ -532,7 +532,7 @@ class SessionStore:
         While the session's last trim job from this store is still pending, none is added
         and its id is returned: it has not read the session yet, so it will cut what this
         one would, this turn's messages included (they are committed before this is
-        called), as the first of them would have, then and now. Each turn past
+        called). Each turn past
         ``max_messages`` used to queue one until a worker got to the first, and the rest
         found nothing to cut: on PostgreSQL at 8 clients 0.25 trim jobs a turn for 0.03
         trims, each a claim, a session lock, its live messages read and a commit, in the
