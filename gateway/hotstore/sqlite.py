@@ -329,18 +329,17 @@ class SQLiteHotStore(HotStore):
                     if not _is_busy(exc):
                         raise
                     now = time.monotonic()
+                    if now >= poll_until:  # a busy try of its own (the inline polls are one)
+                        busy += 1
+                        if busy == 1:
+                            first_busy = now
+                            if write and not self._waiting:
+                                poll_until = now + POLL_S
+                        if now >= first_busy + self.busy_timeout_s:
+                            raise
                     if now < poll_until:
                         _pause(POLL_STEP_S)
-                        continue  # the same busy try, polled inline
-                    busy += 1
-                    if busy == 1:
-                        first_busy = now
-                        if write and not self._waiting:
-                            poll_until = now + POLL_S
-                            _pause(POLL_STEP_S)
-                            continue
-                    if now >= first_busy + self.busy_timeout_s:
-                        raise
+                        continue
                 # Another connection (the background thread's, a cold path's, another process's) holds the
                 # write lock: let the loop run, and try again when it is released or after the backoff.
                 self._waiting += 1
