@@ -6,12 +6,13 @@ import functools
 import logging
 import os
 import re
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from gateway.errors import DatabaseUnavailable
@@ -77,24 +78,63 @@ def make_engine(
         kwargs["pool_size"] = 1
         kwargs["max_overflow"] = 0
         kwargs["pool_timeout"] = 60
-    else:
-        kwargs["pool_pre_ping"] = True
     engine = create_async_engine(url, **kwargs)
-    if url.startswith("sqlite"):
+    if not url.startswith("sqlite"):
+        _ping_when_idle(engine)
+        return engine
 
-        @event.listens_for(engine.sync_engine, "connect")
-        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute(f"PRAGMA journal_size_limit={int(wal_limit_bytes)}")
-            if _checkpoints_elsewhere:
-                cur.execute("PRAGMA wal_autocheckpoint=0")  # another process copies the WAL (checkpoint_elsewhere)
-            cur.close()
+    @event.listens_for(engine.sync_engine, "connect")
+    def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute(f"PRAGMA journal_size_limit={int(wal_limit_bytes)}")
+        if _checkpoints_elsewhere:
+            cur.execute("PRAGMA wal_autocheckpoint=0")  # another process copies the WAL (checkpoint_elsewhere)
+        cur.close()
 
     return engine
+
+
+PING_AFTER_IDLE_S = 2.0
+"""A pooled PostgreSQL connection idle in the pool longer than this is pinged when checked out."""
+
+
+def _ping_when_idle(engine: AsyncEngine) -> None:
+    """Ping a pooled connection at checkout only when it has been idle ``PING_AFTER_IDLE_S`` or longer.
+
+    ``pool_pre_ping`` pinged at every checkout, and the asyncpg dialect's ping is three
+    round trips (a transaction begun, an empty statement, a rollback). A session of the
+    cold paths (the dashboard, the CLI, an extraction's memory writes in the job process)
+    checks out once or more: under ``bench/turn_overhead.py`` on PostgreSQL the job
+    process checked out about once in eight turns, 0.36 round trips a turn beside the
+    turn's own three (``bench/engine_checkout.py`` times one session). A connection back
+    in the pool less than two seconds ago is alive unless the server went away within
+    them; then its statement fails as a storage fault (a 503 that says so, or a job tried
+    again), SQLAlchemy invalidates the pool's connections, and the next checkout connects
+    afresh, as the hot store's own pool does (``gateway/hotstore/pgpool.py``). A
+    connection idle longer (a quiet dashboard, a restart meanwhile, an idle timeout) is
+    pinged as before, and replaced if the ping fails.
+    """
+
+    @event.listens_for(engine.sync_engine, "checkin")
+    def _checked_in(_dbapi_conn: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _checked_out(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.pop("idle_since", None)
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_S:
+            return  # just connected, or back in the pool a moment ago
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:
+            # The pool closes this connection and checks out another (PoolEvents.checkout).
+            raise DisconnectionError(
+                f"a pooled connection idle {time.monotonic() - since:.0f} s failed its ping"
+            ) from exc
 
 
 _checkpoints_elsewhere = False
