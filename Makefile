@@ -61,6 +61,7 @@ QUICK_stream_ttft := --runs 15
 QUICK_multi_process := --seconds 5 --runs 1
 QUICK_turn_instructions := --turns 100 --sessions 3
 QUICK_job_drain := --jobs 500 --runs 2 --postgres
+QUICK_engine_checkout := --sessions 500 --runs 2
 BENCHES := $(sort $(wildcard bench/*.py))
 
 # bench/turn_instructions.py counts instructions with Debian's valgrind (callgrind).
