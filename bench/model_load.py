@@ -12,7 +12,9 @@ as independent people's are; ``--burst`` starts them all in the same instant
 instead, so that they stay in step: every answer arrives in one wave.
 
 Reported for each gateway: turns/s, p50/p99 latency above the model's time,
-errors, /healthz p50/p99, and on SQLite the write-ahead log file's largest size
+errors, /healthz p50/p99, the gateway's cyclic garbage collections while counted
+(how many, their time in all, how many stopped its loop over 20 ms: from its
+``/metrics``), and on SQLite the write-ahead log file's largest size
 during the load and its size at the end (sampled every 100 ms). The baseline in the same run is main's ceiling: the
 same gateway with 32 model calls in flight (main held a 32-slot semaphore across
 the whole turn, ``session.max_concurrent_sessions``, which caps the same way).
@@ -45,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.environ.get("GOCLAW_BENCH_SOURCE") or str(ROOT))
 
 from bench.turn_overhead import free_port, pct, wait_up
+
+NAN = float("nan")
 
 PEER = textwrap.dedent(
     """
@@ -131,6 +135,27 @@ HEALTH_SAMPLER = textwrap.dedent(
 )
 
 
+async def gc_pauses(http: aiohttp.ClientSession, base: str) -> tuple[float, float, float]:
+    """The gateway's cyclic-collector pauses so far: (collections, seconds in all, collections over 20 ms).
+
+    From ``/metrics`` (``goclaw_gc_pause_seconds``, trees since the twenty-sixth session); NaN for a tree
+    without it.
+    """
+    async with http.get(f"{base}/metrics") as r:
+        text = await r.text()
+    count = total = within = 0.0
+    seen = False
+    for metric_line in text.splitlines():
+        name, _, value = metric_line.partition(" ")
+        if name.startswith("goclaw_gc_pause_seconds_count{"):
+            count, seen = count + float(value), True
+        elif name.startswith("goclaw_gc_pause_seconds_sum{"):
+            total += float(value)
+        elif name.startswith("goclaw_gc_pause_seconds_bucket{") and name.endswith(',le="0.02"}'):
+            within += float(value)
+    return (count, total, count - within) if seen else (NAN, NAN, NAN)
+
+
 async def healthz_sampler(base: str, seconds: float, every: float = 0.05) -> list[float]:
     """GET /healthz every ``every`` s for ``seconds`` from another process; latencies in ms."""
     host, port = base.removeprefix("http://").split(":")
@@ -197,6 +222,7 @@ async def drive(
         if peer_pid:
             pids["peer"] = peer_pid
         share = MachineShare(pids, postgres=postgres)
+        gc_before = await gc_pauses(http, base)
         sampler = asyncio.create_task(healthz_sampler(base, seconds))
         wal_sizes: list[int] = []
 
@@ -209,6 +235,7 @@ async def drive(
         wal_sampler = asyncio.create_task(sample_wal())
         await asyncio.sleep(seconds)
         stop.set()
+        gc_after = await gc_pauses(http, base)
         await wal_sampler
         elapsed = time.perf_counter() - counted
         turns = len(latencies)
@@ -225,6 +252,9 @@ async def drive(
         "health_p50": pct(health, 0.5),
         "health_p99": pct(health, 0.99),
         "error_kinds": errors,
+        "gc_pauses": gc_after[0] - gc_before[0],
+        "gc_ms": (gc_after[1] - gc_before[1]) * 1000,
+        "gc_over_20ms": gc_after[2] - gc_before[2],
         **({"wal_peak_mb": max(wal_sizes) / 2**20, "wal_end_mb": wal_sizes[-1] / 2**20} if wal_sizes else {}),
     }
 
@@ -329,6 +359,12 @@ def line(name: str, r: dict[str, Any], model_ms: float) -> str:
         f"p99 +{r['p99'] - model_ms:7.1f} ms  errors {int(r['errors'])} {r['error_kinds'] or ''}  "
         f"/healthz p50 {r['health_p50']:6.1f} ms p99 {r['health_p99']:6.1f} ms  CPU {r['cpu_ms']:.2f} ms/turn\n"
         f"{'':<22} {share_text(r['share'])}"
+        + (
+            f"\n{'':<22} its cyclic garbage collections: {r['gc_pauses']:.0f}, {r['gc_ms']:.1f} ms in all, "
+            f"{r['gc_over_20ms']:.0f} over 20 ms"
+            if r.get("gc_pauses") == r.get("gc_pauses")  # NaN: a tree without goclaw_gc_pause_seconds
+            else ""
+        )
         + (
             f"\n{'':<22} SQLite WAL file: largest {r['wal_peak_mb']:.1f} MB, at the end {r['wal_end_mb']:.1f} MB"
             if "wal_peak_mb" in r

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 
@@ -27,6 +27,7 @@ class Metrics:
         self.in_flight = Gauge("goclaw_turns_in_flight", "Turns being handled", registry=self.registry)
         self.jobs = Counter("goclaw_jobs", "Background jobs", ["kind", "outcome"], registry=self.registry)
         self.registry.register(_WriteLockWaits())
+        self.registry.register(_GcPauses())
 
     def render(self) -> bytes:
         """The text exposition format."""
@@ -57,3 +58,41 @@ class _WriteLockWaits(Collector):
             "Seconds hot-store writes (turns) waited for SQLite's write lock",
             value=RELEASES.wait_seconds,
         )
+
+
+class _GcPauses(Collector):
+    """This process's cyclic-collector pauses (``gateway.heap.PAUSES``), by generation.
+
+    The event loop stands still for each: under load these are what a ``/healthz`` or a
+    turn waits for when nothing else is slow (``bench/model_load.py`` prints them).
+    """
+
+    def __init__(self) -> None:
+        from gateway.heap import PAUSES
+
+        PAUSES.install()  # timed from the first /metrics registry on, in any process that serves one
+        self._pauses = PAUSES
+
+    def collect(self) -> Iterator[Metric]:
+        from gateway.heap import PAUSE_BUCKETS
+
+        pauses = self._pauses
+        histogram = HistogramMetricFamily(
+            "goclaw_gc_pause_seconds",
+            "Cyclic garbage collections of this process and how long each stopped it",
+            labels=["generation"],
+        )
+        longest = GaugeMetricFamily(
+            "goclaw_gc_pause_longest_seconds",
+            "The longest cyclic garbage collection of this process so far",
+            labels=["generation"],
+        )
+        for generation in range(3):
+            counts, cumulative, buckets = pauses.counts[generation], 0, []
+            for bound, count in zip((*map(str, PAUSE_BUCKETS), "+Inf"), counts, strict=True):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            histogram.add_metric([str(generation)], buckets, sum_value=pauses.seconds[generation])
+            longest.add_metric([str(generation)], pauses.longest[generation])
+        yield histogram
+        yield longest
