@@ -312,6 +312,19 @@ class OpenAIProvider(SdkProvider[aiohttp.ClientSession]):
     ) -> Completion:
         """One chat completion (streamed to ``on_delta`` when given); raises LLMUnavailable after retries."""
         session = self._require_client()
+        # Only the encoded bytes wait out the model's time: the request's dict, its lists and three
+        # dicts per tool offered (the collector tracks those; a message's dict of strings it does not)
+        # are freed first, not walked by each collection while hundreds of turns wait on the model.
+        body = encode_body(self._request(messages, tools, json_schema, stream=on_delta is not None))
+        if on_delta is not None:
+            return await self._call_streaming(lambda sink: self._read_stream(session, body, sink), on_delta)
+        response = await self._call(lambda: self._post_json(session, body))
+        return self._parse(response)
+
+    def _request(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Tool], json_schema: JsonSchema | None, *, stream: bool
+    ) -> dict[str, Any]:
+        """The chat.completions request for one call, as a dict to encode."""
         request = self._base_request(messages)
         if tools:
             request["tools"] = [tool_to_wire(t) for t in tools]
@@ -322,14 +335,10 @@ class OpenAIProvider(SdkProvider[aiohttp.ClientSession]):
                 "type": "json_schema",
                 "json_schema": {"name": json_schema.name, "schema": dict(json_schema.schema), "strict": False},
             }
-        if on_delta is not None:
+        if stream:
             request["stream"] = True
             request["stream_options"] = {"include_usage": True}
-            body = encode_body(request)
-            return await self._call_streaming(lambda sink: self._read_stream(session, body, sink), on_delta)
-        body = encode_body(request)
-        response = await self._call(lambda: self._post_json(session, body))
-        return self._parse(response)
+        return request
 
     async def _open(self, session: aiohttp.ClientSession, body: bytes) -> aiohttp.ClientResponse:
         """POST the body; the response once its status is 2xx (its body not yet read)."""

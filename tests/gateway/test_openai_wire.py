@@ -10,14 +10,17 @@ configured URL and headers).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import pytest
 
-from gateway.llm.base import ChatMessage, LLMUnavailable
+from gateway.llm.base import ChatMessage, LLMUnavailable, Tool
 from gateway.llm.openai_provider import OpenAIProvider, SseEvents
+from pairing.principal import Principal
 from tests.peers.fake_openai import FakeOpenAI
 from tests.peers.raw_openai import LAST_CHUNK, RawOpenAI, chunked, delta_event, http_response, sse_head
 
@@ -174,6 +177,39 @@ async def test_calls_reuse_one_kept_alive_connection(peer: RawOpenAI, provider: 
 
     # One TCP connection carried all three, the streamed one included (read to its end after [DONE]).
     assert len(set(peer.connections)) == 1
+
+
+async def _never_called(_p: Principal, _args: Mapping[str, Any]) -> str:
+    raise AssertionError("the peer never asks for a tool here")
+
+
+async def test_a_call_waiting_for_its_answer_no_longer_holds_the_request_it_sent(
+    peer: RawOpenAI, provider: OpenAIProvider
+) -> None:
+    """Under load hundreds of turns wait on the model at once, and each garbage collection walks what they hold.
+
+    Once encoded, the request's dicts and lists (three for each tool offered) are freed: only its
+    bytes wait out the model's time.
+    """
+    whole = _json(200, ANSWER)
+    cut = whole.index(b"\r\n") + 2
+    peer.reply(whole[:cut], whole[cut:], pause=0.5)  # the status line, then half a second of thinking
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}}
+    tools = [Tool(f"lookup_{i}", "Looks a thing up.", schema, _never_called) for i in range(5)]
+    call = asyncio.create_task(provider.complete(CONVERSATION, tools=tools))
+    while not peer.requests:  # sent: the provider now waits for the rest of the answer
+        await asyncio.sleep(0.01)
+    received = {id(t) for t in peer.requests[0]["tools"]}  # the peer's own parsed copies
+    held = [
+        o
+        for o in gc.get_objects()
+        if isinstance(o, dict) and o.get("type") == "function" and id(o) not in received
+        and str(o.get("function", {}).get("name", "")).startswith("lookup_")
+    ]  # fmt: skip
+    assert not call.done()
+    assert held == []
+    assert (await call).text == "From the warehouse."
+    assert [t["function"]["name"] for t in peer.requests[0]["tools"]] == [f"lookup_{i}" for i in range(5)]
 
 
 # ---- Retry-After -------------------------------------------------------------------------------
