@@ -193,12 +193,13 @@ async def test_a_call_waiting_for_its_answer_no_longer_holds_the_request_it_sent
     """
     whole = _json(200, ANSWER)
     cut = whole.index(b"\r\n") + 2
-    peer.reply(whole[:cut], whole[cut:], pause=0.5)  # the status line, then half a second of thinking
+    peer.reply(whole[:cut], whole[cut:], pause=2.0)  # the status line, then two seconds of thinking
     schema = {"type": "object", "properties": {"q": {"type": "string"}}}
     tools = [Tool(f"lookup_{i}", "Looks a thing up.", schema, _never_called) for i in range(5)]
     call = asyncio.create_task(provider.complete(CONVERSATION, tools=tools))
-    while not peer.requests:  # sent: the provider now waits for the rest of the answer
+    while not peer.requests and not call.done():  # sent: the provider now waits for the rest of the answer
         await asyncio.sleep(0.01)
+    assert peer.requests, f"the call ended before its request arrived: {call.exception()!r}"
     received = {id(t) for t in peer.requests[0]["tools"]}  # the peer's own parsed copies
     held = [
         o
@@ -206,7 +207,7 @@ async def test_a_call_waiting_for_its_answer_no_longer_holds_the_request_it_sent
         if isinstance(o, dict) and o.get("type") == "function" and id(o) not in received
         and str(o.get("function", {}).get("name", "")).startswith("lookup_")
     ]  # fmt: skip
-    assert not call.done()
+    assert not call.done()  # looked at while the call was still waiting
     assert held == []
     assert (await call).text == "From the warehouse."
     assert [t["function"]["name"] for t in peer.requests[0]["tools"]] == [f"lookup_{i}" for i in range(5)]
