@@ -32,8 +32,10 @@ class MemoryRecord(MemoryBase):
     __table_args__ = (
         # Prompt rendering and listing: one person's live records, newest first.
         Index("ix_memory_records_scope_owner_status", "scope", "owner_user_id", "status", "said_at"),
-        # The subject rule: the live record(s) on one subject.
-        Index("ix_memory_records_scope_subject_status", "scope", "subject_key", "status"),
+        # The subject rule and the write's subject read: one owner's records on one subject (the
+        # owner is NULL for the shared scopes). Without the owner every write read each owner's
+        # history on a shared subject ("timezone", "conversation summary"); see migration 0018.
+        Index("ix_memory_records_subject", "scope", "subject_key", "owner_user_id", "status", "said_at"),
         # The dashboard's keyset pages: newest said first, across scopes or within one status.
         Index("ix_memory_records_said_at", "said_at", "id"),
         Index("ix_memory_records_status_said_at", "status", "said_at", "id"),
