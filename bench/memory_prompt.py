@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import gc
 import math
+import os
 import random
 import secrets
 import statistics
@@ -41,7 +42,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# memory_write.py fills another tree's database (--baseline-source) with this: GOCLAW_BENCH_SOURCE names it.
+sys.path.insert(0, os.environ.get("GOCLAW_BENCH_SOURCE") or str(Path(__file__).resolve().parents[1]))
 
 from gateway.db import make_engine, upgrade
 from gateway.heap import settle_heap
