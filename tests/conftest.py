@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import os
 import secrets
 import socket
@@ -193,3 +194,41 @@ def alembic_downgrade(conn: Any, revision: str) -> None:
     cfg = _alembic_config()
     cfg.attributes["connection"] = conn
     command.downgrade(cfg, revision)
+
+
+async def query_plan(engine: AsyncEngine, statement: Any) -> str:
+    """The database's plan for a statement (its values bound): SQLite's query plan as text, one line
+    a step; PostgreSQL's plan of a run (``EXPLAIN (ANALYZE, FORMAT JSON)``), as JSON text."""
+    sql = str(statement.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
+    async with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            return "\n".join(str(r[-1]) for r in await conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
+        (plan,) = (await conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)).one()
+    return json.dumps(plan if not isinstance(plan, str) else json.loads(plan))
+
+
+def pg_scans(plan: str, relation: str | None = None) -> list[dict[str, Any]]:
+    """The scan nodes of a PostgreSQL JSON plan (``query_plan``), of ``relation``'s table or index if given."""
+
+    def nodes(node: Any) -> list[dict[str, Any]]:
+        if isinstance(node, list):
+            return [n for child in node for n in nodes(child)]
+        if not isinstance(node, dict):
+            return []
+        here = [node] if "Node Type" in node else []
+        return here + [n for key in ("Plan", "Plans") if key in node for n in nodes(node[key])]
+
+    scans = [n for n in nodes(json.loads(plan)) if n["Node Type"].endswith("Scan")]
+    if relation is None:
+        return scans
+    # A bitmap index scan names only its index (``ix_<table>_...``); the others name their table.
+    return [
+        n
+        for n in scans
+        if n.get("Relation Name") == relation or str(n.get("Index Name", "")).startswith(f"ix_{relation}_")
+    ]
+
+
+def pg_rows_visited(scans: list[dict[str, Any]]) -> int:
+    """The rows a PostgreSQL run's scans produced or filtered out, over all their loops."""
+    return sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) + n.get("Rows Removed by Filter", 0) for n in scans)

@@ -13,7 +13,6 @@ where many owners share the subject, and that the write still touches only its o
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from typing import Any
 
@@ -24,7 +23,7 @@ from memory.models import MemoryRecord
 from memory.store import _other_live_statement, _same_subject_statement
 from memory.words import subject_key
 from memory.writer import MemoryWriter
-from tests.conftest import Clock, alembic_downgrade
+from tests.conftest import Clock, alembic_downgrade, pg_rows_visited, pg_scans, query_plan
 from tests.memory.conftest import ALICE, BOB, T0
 
 R = MemoryRecord.__table__.c
@@ -71,13 +70,7 @@ async def _fill(engine: AsyncEngine) -> None:
 
 
 async def _plan(engine: AsyncEngine, statement: Any, params: dict[str, Any]) -> str:
-    """The database's plan for ``statement`` with ``params``: SQLite's query plan, PostgreSQL's run (ANALYZE)."""
-    sql = str(statement.params(**params).compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
-    async with engine.connect() as conn:
-        if engine.dialect.name == "sqlite":
-            return "\n".join(str(r[-1]) for r in await conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
-        (plan,) = (await conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)).one()
-    return json.dumps(plan if not isinstance(plan, str) else json.loads(plan))
+    return await query_plan(engine, statement.params(**params))
 
 
 def _reads_one_owners_subject(engine: AsyncEngine, plan: str) -> bool:
@@ -92,21 +85,8 @@ def _reads_one_owners_subject(engine: AsyncEngine, plan: str) -> bool:
         return bool(searches) and all(
             line.startswith("SEARCH") and "subject_key=?" in line and "owner_user_id=?" in line for line in searches
         )
-    scans = [n for n in _pg_nodes(json.loads(plan)) if n.get("Node Type", "").endswith("Scan")]
-    visited = sum(
-        n.get("Actual Rows", 0) * n.get("Actual Loops", 1) + n.get("Rows Removed by Filter", 0) for n in scans
-    )
-    return bool(scans) and not any(n["Node Type"] == "Seq Scan" for n in scans) and visited <= HISTORY
-
-
-def _pg_nodes(node: Any) -> list[dict[str, Any]]:
-    """Every node of a PostgreSQL JSON plan."""
-    if isinstance(node, list):
-        return [n for child in node for n in _pg_nodes(child)]
-    if not isinstance(node, dict):
-        return []
-    here = [node] if "Node Type" in node else []
-    return here + [n for key in ("Plan", "Plans") if key in node for n in _pg_nodes(node[key])]
+    scans = pg_scans(plan)
+    return bool(scans) and not any(n["Node Type"] == "Seq Scan" for n in scans) and pg_rows_visited(scans) <= HISTORY
 
 
 async def test_the_write_paths_subject_reads_seek_one_owners_records(engine: AsyncEngine) -> None:
