@@ -63,6 +63,7 @@ QUICK_turn_instructions := --turns 100 --sessions 3
 QUICK_job_drain := --jobs 500 --runs 2 --postgres
 QUICK_engine_checkout := --sessions 500 --runs 2
 QUICK_memory_write := --records 20000 --users 500 --writes 100 --runs 1
+QUICK_idle_sweep := --messages 100000 --sessions 500 --runs 1
 BENCHES := $(sort $(wildcard bench/*.py))
 
 # bench/turn_instructions.py counts instructions with Debian's valgrind (callgrind).

@@ -29,7 +29,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -132,15 +131,6 @@ def _figures(r: dict[str, float]) -> str:
     return f"p50 {r['p50']:.3f} ms, p99 {r['p99']:.3f} ms, CPU {r['cpu']:.3f} ms a write"
 
 
-def run_child(source: Path, url: str, args: argparse.Namespace) -> dict[str, float]:
-    cmd = [sys.executable, __file__, "--child", url, "--records", str(args.records), "--users", str(args.users)]
-    cmd += ["--summaries", str(args.summaries), "--writes", str(args.writes), "--warmup", str(args.warmup)]
-    cmd += ["--postgres"] * args.postgres
-    env = {**os.environ, "GOCLAW_BENCH_SOURCE": str(source)}
-    out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout  # its errors show
-    return json.loads(out.strip().splitlines()[-1])
-
-
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=100_000)
@@ -159,36 +149,35 @@ async def main() -> None:
     if args.child:
         print(json.dumps(await child(args.child, args)))
         return
+    from ab import alternate, run_child
     from memory_prompt import drop_pg_database, fresh_pg_database
 
     trees = {"this": ROOT}
     if args.baseline_source:
         trees["baseline"] = args.baseline_source.resolve()
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    child_args = ["--records", str(args.records), "--users", str(args.users), "--summaries", str(args.summaries)]
+    child_args += ["--writes", str(args.writes), "--warmup", str(args.warmup)] + ["--postgres"] * args.postgres
+
     with tempfile.TemporaryDirectory(prefix="goclaw-bench-") as tmp:
-        for run in range(args.runs):
-            order = list(trees) if run % 2 == 0 else list(reversed(trees))  # which goes first alternates
-            for name in order:
-                pg_name = None
-                if args.postgres:
-                    url, pg_name = await fresh_pg_database(args.pg_server)
-                else:
-                    url = f"sqlite+aiosqlite:///{Path(tmp) / f'{name}-{run}.db'}"
-                try:
-                    r = run_child(trees[name], url, args)
-                finally:
-                    if pg_name:
-                        await drop_pg_database(args.pg_server, pg_name)
-                results[name].append(r)
-                print(f"run {run + 1}: {name:8} {_figures(r)}")
+
+        async def measure(name: str, tree: Path, run: int) -> dict[str, float]:
+            pg_name = None
+            if args.postgres:
+                url, pg_name = await fresh_pg_database(args.pg_server)
+            else:
+                url = f"sqlite+aiosqlite:///{Path(tmp) / f'{name}-{run}.db'}"
+            try:
+                return run_child(__file__, tree, ["--child", url, *child_args])
+            finally:
+                if pg_name:
+                    await drop_pg_database(args.pg_server, pg_name)
+
+        med = await alternate(trees, args.runs, measure, _figures)
     where = "PostgreSQL" if args.postgres else "SQLite"
     print(
         f"\n{where}, {args.records:,} records ({args.users:,} people, {args.summaries} conversation summaries each), "
         f"{args.writes} gated writes a run, medians of {args.runs} runs:"
     )
-    med = {
-        name: {k: statistics.median(r[k] for r in rs) for k in ("p50", "p99", "cpu")} for name, rs in results.items()
-    }
     for name, m in med.items():
         print(f"  {name:8} ({trees[name]}) {_figures(m)}")
     if "baseline" in med:

@@ -1,0 +1,206 @@
+"""Benchmark: one idle-extraction sweep over a database with a history (a million messages).
+
+The job process (or ``goclaw worker``) looks for quiet sessions every quarter of
+``session.idle_extract_seconds`` (every 10 s at the default 120): sessions whose live
+messages past their "extracted through" mark have been quiet long enough. Trimmed
+messages stay in ``messages`` (append-only), so a database's history only grows. This
+fills a fresh database (migrated by Alembic) with ``--sessions`` sessions of
+``--messages`` messages in all, each session's last ``--live`` messages live and the
+rest trimmed, ``--pending`` of the sessions with their live messages not yet extracted,
+then times ``IdleExtractor.quiet_sessions()`` ``--sweeps`` times: wall p50/p99 and CPU
+(the process's: SQLite runs inline on it) a sweep.
+
+With ``--baseline-source DIR`` another tree does the same in the same run (each
+measurement a process of its own on a fresh database, the trees alternating, ``--runs``
+times; medians).
+
+    .venv/bin/python bench/idle_sweep.py [--messages 1000000] [--sessions 2000] [--runs 3] [--postgres]
+        [--baseline-source DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Another tree's sweep (--baseline-source) imports that tree's gateway: this script runs again as a
+# child with GOCLAW_BENCH_SOURCE pointing there (bench/ab.py).
+sys.path.insert(0, os.environ.get("GOCLAW_BENCH_SOURCE") or str(ROOT))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
+
+NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+COLUMNS = (
+    "id",
+    "session_id",
+    "platform_message_id",
+    "speaker_user_id",
+    "stored_role",
+    "display_name",
+    "text",
+    "said_at",
+    "is_agent",
+    "created_at",
+    "archive_id",
+    "reply_requested",
+)
+
+
+def _rows(args: argparse.Namespace, sqlite: bool) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    """(sessions, messages) as rows, in ``COLUMNS`` order for the messages."""
+    per = args.messages // args.sessions
+    old = NOW - timedelta(hours=1)
+    at: object = old.replace(tzinfo=None).isoformat(sep=" ") if sqlite else old
+    sessions, messages = [], []
+    next_id = 0
+    for s in range(args.sessions):
+        for k in range(per):
+            next_id += 1
+            trimmed = k < per - args.live
+            archive = f"a_{s}_{k // 30}" if trimmed else None
+            messages.append(
+                (
+                    next_id,
+                    f"s_{s}",
+                    f"p{next_id}",
+                    "u_1",
+                    "user",
+                    "Ann",
+                    "hello there",
+                    at,
+                    k % 2 == 1,
+                    at,
+                    archive,
+                    False,
+                )
+            )
+        mark = next_id - args.live if s < args.pending else next_id
+        sessions.append((f"s_{s}", "api", f"c_{s}", "", None, "", at, at, mark))
+    return sessions, messages
+
+
+async def child(url: str, args: argparse.Namespace) -> dict[str, float]:
+    """Fill a fresh database and time the sweeps."""
+    from gateway.db import make_engine, upgrade
+    from gateway.idle import IdleExtractor
+
+    sqlite = url.startswith("sqlite")
+    engine = make_engine(url)
+    await upgrade(engine)
+    await engine.dispose()
+    sessions, messages = _rows(args, sqlite)
+    session_cols = "id, channel, conversation_id, thread_id, parent_conversation_id, previous_context, "
+    session_cols += "created_at, updated_at, extracted_through"
+    if sqlite:
+        import sqlite3
+
+        conn = sqlite3.connect(url.split("///", 1)[1])
+        conn.executemany(f"INSERT INTO sessions ({session_cols}) VALUES ({','.join('?' * 9)})", sessions)
+        conn.executemany(
+            f"INSERT INTO messages ({', '.join(COLUMNS)}) VALUES ({','.join('?' * len(COLUMNS))})", messages
+        )
+        conn.commit()
+        conn.close()
+        from gateway.sqlite_inline import make_inline_engine
+
+        engine = make_inline_engine(url)  # as the job process, where the sweep runs, makes it
+    else:
+        import asyncpg
+
+        conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
+        try:
+            await conn.copy_records_to_table("sessions", records=sessions, columns=session_cols.split(", "))
+            await conn.copy_records_to_table("messages", records=messages, columns=COLUMNS)
+            await conn.execute("VACUUM ANALYZE sessions, messages")  # what autovacuum does after a load
+        finally:
+            await conn.close()
+        engine = make_engine(url)
+    try:
+        sweep = IdleExtractor(engine, idle_seconds=120, clock=lambda: NOW)
+        walls, cpu = [], 0.0
+        for i in range(args.sweeps + 2):
+            c0, t0 = time.process_time(), time.perf_counter()
+            found = await sweep.quiet_sessions()
+            t1, c1 = time.perf_counter(), time.process_time()
+            if len(found) != min(args.pending, 100):
+                raise RuntimeError(f"the sweep found {len(found)} quiet sessions, not {min(args.pending, 100)}")
+            if i >= 2:  # the first two warm the connection and the page cache
+                walls.append((t1 - t0) * 1000)
+                cpu += c1 - c0
+        walls.sort()
+        return {
+            "p50": statistics.median(walls),
+            "p99": walls[min(len(walls) - 1, round(0.99 * (len(walls) - 1)))],
+            "cpu": cpu * 1000 / args.sweeps,
+        }
+    finally:
+        await engine.dispose()
+
+
+def _figures(r: dict[str, float]) -> str:
+    return f"p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms, CPU {r['cpu']:.2f} ms a sweep"
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--sessions", type=int, default=2_000)
+    ap.add_argument("--live", type=int, default=20, help="live (untrimmed) messages a session")
+    ap.add_argument("--pending", type=int, default=40, help="sessions whose live messages are not yet extracted")
+    ap.add_argument("--sweeps", type=int, default=20)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--postgres", action="store_true", help="fresh PostgreSQL databases instead of SQLite files")
+    ap.add_argument("--pg-server", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--baseline-source", type=Path, default=None, help="also time this tree's sweep, alternating")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # the child that fills and times one database
+    args = ap.parse_args()
+    if not 0 < args.live < args.messages // args.sessions or args.pending > args.sessions:
+        ap.error("each session needs more messages than --live, and --pending at most --sessions")
+    if args.child:
+        print(json.dumps(await child(args.child, args)))
+        return
+    from ab import alternate, run_child
+    from memory_prompt import drop_pg_database, fresh_pg_database
+
+    trees = {"this": ROOT}
+    if args.baseline_source:
+        trees["baseline"] = args.baseline_source.resolve()
+    child_args = ["--messages", str(args.messages), "--sessions", str(args.sessions), "--live", str(args.live)]
+    child_args += ["--pending", str(args.pending), "--sweeps", str(args.sweeps)] + ["--postgres"] * args.postgres
+    with tempfile.TemporaryDirectory(prefix="goclaw-bench-") as tmp:
+
+        async def measure(name: str, tree: Path, run: int) -> dict[str, float]:
+            pg_name = None
+            if args.postgres:
+                url, pg_name = await fresh_pg_database(args.pg_server)
+            else:
+                url = f"sqlite+aiosqlite:///{Path(tmp) / f'{name}-{run}.db'}"
+            try:
+                return run_child(__file__, tree, ["--child", url, *child_args])
+            finally:
+                if pg_name:
+                    await drop_pg_database(args.pg_server, pg_name)
+
+        med = await alternate(trees, args.runs, measure, _figures)
+    where = "PostgreSQL" if args.postgres else "SQLite"
+    print(
+        f"\n{where}, {args.messages:,} messages over {args.sessions:,} sessions ({args.live} live each, "
+        f"{args.pending} sessions to extract), {args.sweeps} sweeps a run, medians of {args.runs} runs:"
+    )
+    for name, m in med.items():
+        print(f"  {name:8} ({trees[name]}) {_figures(m)}")
+    if "baseline" in med:
+        this, base = med["this"], med["baseline"]
+        print(f"  this / baseline: p50 {this['p50'] / base['p50']:.2f}x, CPU {this['cpu'] / base['cpu']:.2f}x")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
