@@ -8,15 +8,34 @@ line. The trees take turns going first, run after run, and each figure's median 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 Figures = dict[str, float]
+
+
+def add_arguments(ap: argparse.ArgumentParser, *, runs: int = 3) -> None:
+    """The options every such script takes: ``--runs``, ``--postgres``, ``--pg-server``, ``--baseline-source``."""
+    ap.add_argument("--runs", type=int, default=runs)
+    ap.add_argument("--postgres", action="store_true", help="fresh PostgreSQL databases instead of SQLite files")
+    ap.add_argument("--pg-server", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    ap.add_argument("--baseline-source", type=Path, default=None, help="also measure this tree, alternating")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # the child: one measurement on this database
+
+
+def trees(root: Path, args: argparse.Namespace) -> dict[str, Path]:
+    """``this`` (``root``) and, with ``--baseline-source``, ``baseline``."""
+    found = {"this": root}
+    if args.baseline_source:
+        found["baseline"] = args.baseline_source.resolve()
+    return found
 
 
 def run_child(script: str, source: Path, args: list[str]) -> Figures:
@@ -41,3 +60,43 @@ async def alternate(
             results[name].append(got)
             print(f"run {run + 1}: {name:8} {show(got)}")
     return {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in results.items()}
+
+
+async def on_fresh_databases(
+    script: str,
+    trees: dict[str, Path],
+    runs: int,
+    child_args: list[str],
+    show: Callable[[Figures], str],
+    *,
+    postgres: bool,
+    pg_server: str,
+) -> dict[str, Figures]:
+    """``alternate`` with ``script --child URL child_args`` for each measurement, each on a database of its own
+    (a fresh PostgreSQL database, dropped after, or a SQLite file in a temporary folder)."""
+    from memory_prompt import drop_pg_database, fresh_pg_database
+
+    with tempfile.TemporaryDirectory(prefix="goclaw-bench-") as tmp:
+
+        async def measure(name: str, tree: Path, run: int) -> Figures:
+            pg_name = None
+            if postgres:
+                url, pg_name = await fresh_pg_database(pg_server)
+            else:
+                url = f"sqlite+aiosqlite:///{Path(tmp) / f'{name}-{run}.db'}"
+            try:
+                return run_child(script, tree, ["--child", url, *child_args])
+            finally:
+                if pg_name:
+                    await drop_pg_database(pg_server, pg_name)
+
+        return await alternate(trees, runs, measure, show)
+
+
+def report(trees: dict[str, Path], medians: dict[str, Figures], show: Callable[[Figures], str]) -> None:
+    """Each tree's medians, then this tree's p50 and CPU against the baseline's when there is one."""
+    for name, m in medians.items():
+        print(f"  {name:8} ({trees[name]}) {show(m)}")
+    if "baseline" in medians:
+        this, base = medians["this"], medians["baseline"]
+        print(f"  this / baseline: p50 {this['p50'] / base['p50']:.2f}x, CPU {this['cpu'] / base['cpu']:.2f}x")

@@ -26,7 +26,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # child with GOCLAW_BENCH_SOURCE pointing there (bench/ab.py).
 sys.path.insert(0, os.environ.get("GOCLAW_BENCH_SOURCE") or str(ROOT))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
+
+import ab
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 COLUMNS = (
@@ -156,50 +157,25 @@ async def main() -> None:
     ap.add_argument("--live", type=int, default=20, help="live (untrimmed) messages a session")
     ap.add_argument("--pending", type=int, default=40, help="sessions whose live messages are not yet extracted")
     ap.add_argument("--sweeps", type=int, default=20)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--postgres", action="store_true", help="fresh PostgreSQL databases instead of SQLite files")
-    ap.add_argument("--pg-server", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    ap.add_argument("--baseline-source", type=Path, default=None, help="also time this tree's sweep, alternating")
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # the child that fills and times one database
+    ab.add_arguments(ap)
     args = ap.parse_args()
     if not 0 < args.live < args.messages // args.sessions or args.pending > args.sessions:
         ap.error("each session needs more messages than --live, and --pending at most --sessions")
     if args.child:
         print(json.dumps(await child(args.child, args)))
         return
-    from ab import alternate, run_child
-    from memory_prompt import drop_pg_database, fresh_pg_database
-
-    trees = {"this": ROOT}
-    if args.baseline_source:
-        trees["baseline"] = args.baseline_source.resolve()
+    trees = ab.trees(ROOT, args)
     child_args = ["--messages", str(args.messages), "--sessions", str(args.sessions), "--live", str(args.live)]
     child_args += ["--pending", str(args.pending), "--sweeps", str(args.sweeps)] + ["--postgres"] * args.postgres
-    with tempfile.TemporaryDirectory(prefix="goclaw-bench-") as tmp:
-
-        async def measure(name: str, tree: Path, run: int) -> dict[str, float]:
-            pg_name = None
-            if args.postgres:
-                url, pg_name = await fresh_pg_database(args.pg_server)
-            else:
-                url = f"sqlite+aiosqlite:///{Path(tmp) / f'{name}-{run}.db'}"
-            try:
-                return run_child(__file__, tree, ["--child", url, *child_args])
-            finally:
-                if pg_name:
-                    await drop_pg_database(args.pg_server, pg_name)
-
-        med = await alternate(trees, args.runs, measure, _figures)
+    med = await ab.on_fresh_databases(
+        __file__, trees, args.runs, child_args, _figures, postgres=args.postgres, pg_server=args.pg_server
+    )
     where = "PostgreSQL" if args.postgres else "SQLite"
     print(
         f"\n{where}, {args.messages:,} messages over {args.sessions:,} sessions ({args.live} live each, "
         f"{args.pending} sessions to extract), {args.sweeps} sweeps a run, medians of {args.runs} runs:"
     )
-    for name, m in med.items():
-        print(f"  {name:8} ({trees[name]}) {_figures(m)}")
-    if "baseline" in med:
-        this, base = med["this"], med["baseline"]
-        print(f"  this / baseline: p50 {this['p50'] / base['p50']:.2f}x, CPU {this['cpu'] / base['cpu']:.2f}x")
+    ab.report(trees, med, _figures)
 
 
 if __name__ == "__main__":

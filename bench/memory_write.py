@@ -30,7 +30,6 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -40,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # as a child with GOCLAW_BENCH_SOURCE pointing there (memory_prompt.py, whose fill it uses, honours it).
 sys.path.insert(0, os.environ.get("GOCLAW_BENCH_SOURCE") or str(ROOT))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
+
+import ab
 
 SUMMARY_SUBJECT = "conversation summary"  # gateway.memory_glue.SUMMARY_SUBJECT
 
@@ -138,51 +139,25 @@ async def main() -> None:
     ap.add_argument("--summaries", type=int, default=10, help="conversation summaries each person has had")
     ap.add_argument("--writes", type=int, default=400)
     ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--postgres", action="store_true", help="fresh PostgreSQL databases instead of SQLite files")
-    ap.add_argument("--pg-server", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    ap.add_argument("--baseline-source", type=Path, default=None, help="also time this tree's write, alternating")
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # the child that fills and times one database
+    ab.add_arguments(ap)
     args = ap.parse_args()
     if args.users * args.summaries >= args.records:
         ap.error("--users x --summaries must be fewer than --records")
     if args.child:
         print(json.dumps(await child(args.child, args)))
         return
-    from ab import alternate, run_child
-    from memory_prompt import drop_pg_database, fresh_pg_database
-
-    trees = {"this": ROOT}
-    if args.baseline_source:
-        trees["baseline"] = args.baseline_source.resolve()
+    trees = ab.trees(ROOT, args)
     child_args = ["--records", str(args.records), "--users", str(args.users), "--summaries", str(args.summaries)]
     child_args += ["--writes", str(args.writes), "--warmup", str(args.warmup)] + ["--postgres"] * args.postgres
-
-    with tempfile.TemporaryDirectory(prefix="goclaw-bench-") as tmp:
-
-        async def measure(name: str, tree: Path, run: int) -> dict[str, float]:
-            pg_name = None
-            if args.postgres:
-                url, pg_name = await fresh_pg_database(args.pg_server)
-            else:
-                url = f"sqlite+aiosqlite:///{Path(tmp) / f'{name}-{run}.db'}"
-            try:
-                return run_child(__file__, tree, ["--child", url, *child_args])
-            finally:
-                if pg_name:
-                    await drop_pg_database(args.pg_server, pg_name)
-
-        med = await alternate(trees, args.runs, measure, _figures)
+    med = await ab.on_fresh_databases(
+        __file__, trees, args.runs, child_args, _figures, postgres=args.postgres, pg_server=args.pg_server
+    )
     where = "PostgreSQL" if args.postgres else "SQLite"
     print(
         f"\n{where}, {args.records:,} records ({args.users:,} people, {args.summaries} conversation summaries each), "
         f"{args.writes} gated writes a run, medians of {args.runs} runs:"
     )
-    for name, m in med.items():
-        print(f"  {name:8} ({trees[name]}) {_figures(m)}")
-    if "baseline" in med:
-        this, base = med["this"], med["baseline"]
-        print(f"  this / baseline: p50 {this['p50'] / base['p50']:.2f}x, CPU {this['cpu'] / base['cpu']:.2f}x")
+    ab.report(trees, med, _figures)
 
 
 if __name__ == "__main__":
