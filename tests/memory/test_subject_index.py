@@ -6,8 +6,8 @@ gated write first reads its subject (``_same_subject_statement``) and a live one
 applies the subject rule (``_other_live_statement``). On the index (scope, subject_key,
 status) SQLite's subject read fetched every owner's records on the subject, history
 included, to keep one owner's: a write's cost grew with the whole organisation
-(``bench/memory_write.py``: 4.2 ms a write at 100,000 records, 0.44 ms on migration
-0018's index). These check the plan each database makes for those reads, on a table
+(``bench/memory_write.py`` on SQLite: 5.0 ms a write at 100,000 records, 0.48 ms on
+migration 0018's index). These check the plan each database makes for those reads, on a table
 where many owners share the subject, and that the write still touches only its owner.
 """
 
