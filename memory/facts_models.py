@@ -2,11 +2,13 @@
 
 Seed 001: "All three are append-only. Nothing in any of them is ever edited in
 place; a retraction, a disposition or a decision is recorded as a later
-event." So every table here is insert-only: a proposal's status is derived from
-whether a decision row exists for it, a signal is unrouted until it has a
+event." So every record table here is insert-only: a proposal's status is derived
+from whether a decision row exists for it, a signal is unrouted until it has a
 routing row, and an obligation is open until it has a disposition row. The
 unique keys (one decision per proposal, one routing per signal, one disposition
 per obligation) make a second, concurrent decision fail instead of overwriting.
+``unrouted_signals`` is not a record but the router's queue, derived from the
+records by triggers: its rows come and go, the records' never change.
 """
 
 from __future__ import annotations
@@ -100,6 +102,21 @@ class SignalRouting(MemoryBase):
     outcome: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text)
     floors: Mapped[list[Any]] = mapped_column(JSON)
+
+
+class UnroutedSignal(MemoryBase):
+    """A signal with no routing yet: the router's queue, kept by the database (migration 0019).
+
+    Not a record: a derived index of "the signals without a routing row", which a
+    trigger adds each signal to as it is inserted and another takes it out of as its
+    routing is inserted, whichever code inserts them (an older process's included).
+    The router reads this and not an anti-join of every signal ever reported, so
+    what it costs follows the signals waiting, not the history (``bench/signal_routing.py``).
+    """
+
+    __tablename__ = "unrouted_signals"
+
+    signal_id: Mapped[str] = mapped_column(ForeignKey("intelligence_signals.id"), primary_key=True)
 
 
 class Obligation(MemoryBase):

@@ -31,6 +31,7 @@ FACT_TABLES = {
         fm.IdentityDecision,
         fm.IntelligenceSignal,
         fm.SignalRouting,
+        fm.UnroutedSignal,
         fm.Obligation,
         fm.ObligationDisposition,
     )
