@@ -49,7 +49,7 @@ from gateway.db import make_engine, upgrade
 from gateway.heap import settle_heap
 from gateway.hotstore import hot_store
 from memory.models import MemoryRecord, MemoryTerm
-from memory.render import memory_sections
+from memory.render import identity_lines, memory_sections
 from memory.store import MemoryStore, note_postings
 from memory.words import subject_key
 from pairing.principal import Principal, Role
@@ -59,6 +59,8 @@ TOPICS = [
     "report", "invoice", "server", "backup", "deploy", "holiday", "payroll", "customer", "supplier", "warehouse",
     "dashboard", "export", "forecast", "ticket", "release", "budget", "contract", "audit", "security", "database",
 ]  # fmt: skip
+IDENTITY_RECORDS = 12
+"""Identity records (``agent_config`` and ``global``) the fill adds: every prompt renders them."""
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "xe", "zu", "pa", "qi", "fo", "de", "gi", "ha"]
 
 
@@ -129,6 +131,18 @@ async def fill(store_engine: Any, records: int, users: int, rng: random.Random) 
                 author_role="user",
             )
         )
+    for k in range(IDENTITY_RECORDS):  # set up with the agent, before everything else
+        scope = "agent_config" if k % 2 == 0 else "global"
+        said = NOW - timedelta(days=100, minutes=k)
+        rows.append(
+            {
+                **_row(
+                    rng, scope=scope, subject=f"identity rule {k}", content=f"Always answer rule {k}", status="live"
+                ),
+                "said_at": said,
+                "recorded_at": said,
+            }
+        )
     async with store_engine.begin() as conn:
         for start in range(0, len(rows), 5000):
             await conn.execute(MemoryRecord.__table__.insert(), rows[start : start + 5000])
@@ -143,6 +157,7 @@ async def main() -> None:
     parser.add_argument("--users", type=int, default=2_000)
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--budget", type=int, default=1200)
+    parser.add_argument("--identity-runs", type=int, default=30)
     parser.add_argument("--postgres", action="store_true", help="a fresh PostgreSQL database instead of a SQLite file")
     parser.add_argument("--pg-server", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument(
@@ -266,6 +281,21 @@ async def measure(engine: Any, args: argparse.Namespace, rng: random.Random) -> 
     print(
         f"tokens injected: mean {statistics.mean(tokens):.0f}, max {max(tokens)} of budget {args.budget} "
         f"(never exceeded); items per prompt: mean {statistics.mean(items):.1f}"
+    )
+    # The identity lines: every prompt has them, from a cache each serving process refreshes every
+    # IDENTITY_TTL_S (gateway/memory_glue.py), in the turn that finds it stale.
+    identity, identity_cpu = [], []
+    for _ in range(args.identity_runs):
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        lines = await identity_lines(store)
+        identity.append((time.perf_counter() - start) * 1000)
+        identity_cpu.append((time.thread_time() - start_cpu) * 1000)
+        assert len(lines) == IDENTITY_RECORDS, len(lines)
+    identity.sort()
+    print(
+        f"identity_lines x{args.identity_runs} (the turn that finds the cache stale, every 30 s): "
+        f"p50 {statistics.median(identity):.2f} ms, p99 {_p99(identity):.2f} ms, "
+        f"CPU p50 {statistics.median(identity_cpu):.2f} ms"
     )
     heap = "CPython's defaults (--default-gc)" if args.default_gc else "as goclaw serve sets it (gateway/heap.py)"
     print(

@@ -1395,6 +1395,12 @@ class MemoryStore:
             q = q.where(R.scope == scope)
         if owner_user_id is not None:
             q = q.where(R.owner_user_id == owner_user_id)
+        elif scope is not None and scope != "personal":
+            # True of every shared record (``_add`` stores them ownerless), and it lets the read seek
+            # (scope, owner, status, said_at) newest first. On (scope) alone SQLite walked every live
+            # record of every scope newest first to find these: the identity lines every prompt has
+            # took 170 ms at 100,000 records (``bench/memory_prompt.py``).
+            q = q.where(R.owner_user_id.is_(None))
         q = q.order_by(R.said_at.desc(), R.id).limit(limit)
         async with self._read() as conn:
             return [_view(r) for r in await conn.execute(q)]

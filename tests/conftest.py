@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import os
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db import make_engine, upgrade
@@ -204,6 +206,34 @@ async def query_plan(engine: AsyncEngine, statement: Any) -> str:
         if engine.dialect.name == "sqlite":
             return "\n".join(str(r[-1]) for r in await conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
         (plan,) = (await conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)).one()
+    return json.dumps(plan if not isinstance(plan, str) else json.loads(plan))
+
+
+@contextlib.contextmanager
+def captured_reads(engine: AsyncEngine, table: str) -> Iterator[list[tuple[str, Any]]]:
+    """The SELECT statements naming ``table`` that ``engine`` runs inside the block, with their parameters
+    (for ``explain_captured``): what a store method really sends, not a statement rebuilt by the test."""
+    reads: list[tuple[str, Any]] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, params: Any, _context: Any, _many: bool) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and table in statement:
+            reads.append((statement, params))
+
+    event.listen(engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        yield reads
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", seen)
+
+
+async def explain_captured(engine: AsyncEngine, statement: str, params: Any, *, analyze: bool = False) -> str:
+    """The plan of a captured statement (``captured_reads``): SQLite's query plan as text, one line a step;
+    PostgreSQL's as JSON text, estimated, or with ``analyze`` of a run (the statement runs: reads only)."""
+    async with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            return "\n".join(str(r[-1]) for r in await conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, params))
+        how = "(ANALYZE, FORMAT JSON)" if analyze else "(FORMAT JSON)"
+        (plan,) = (await conn.exec_driver_sql(f"EXPLAIN {how} " + statement, params)).one()
     return json.dumps(plan if not isinstance(plan, str) else json.loads(plan))
 
 

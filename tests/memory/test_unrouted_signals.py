@@ -11,17 +11,16 @@ during an upgrade included), and that the migration fills it with the signals al
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import event, func, inspect, select, text
+from sqlalchemy import func, inspect, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from memory.facts_models import IntelligenceSignal, SignalRouting, UnroutedSignal
 from memory.intelligence import RoutingPolicy, parse_report
 from memory.obligations import FindingsStore, route_pending
-from tests.conftest import Clock, alembic_downgrade, pg_scans
+from tests.conftest import Clock, alembic_downgrade, captured_reads, explain_captured, pg_scans
 
 ROUTED = 2_000
 
@@ -72,15 +71,6 @@ async def _append(store: FindingsStore, clock: Clock, n: int) -> list[str]:
     return out
 
 
-async def _explain(engine: AsyncEngine, statement: str, params: Any) -> str:
-    """SQLite's query plan, one line a step; PostgreSQL's estimated plan (not run), as JSON text."""
-    async with engine.connect() as conn:
-        if engine.dialect.name == "sqlite":
-            return "\n".join(str(r[-1]) for r in await conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, params))
-        (plan,) = (await conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement, params)).one()
-    return json.dumps(plan if not isinstance(plan, str) else json.loads(plan))
-
-
 async def test_the_routers_reads_visit_the_waiting_signals_not_every_signal(engine: AsyncEngine, clock: Clock) -> None:
     rows = [_signal(i, clock.now - timedelta(minutes=ROUTED - i)) for i in range(ROUTED)]
     await _insert(engine, rows, [_routing(r["id"], clock.now) for r in rows])
@@ -91,21 +81,12 @@ async def test_the_routers_reads_visit_the_waiting_signals_not_every_signal(engi
         async with engine.connect() as conn:
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
             await conn.exec_driver_sql("VACUUM ANALYZE")  # as autovacuum does after a load
-    reads: list[tuple[str, Any]] = []
-
-    def seen(_conn: Any, _cursor: Any, statement: str, params: Any, _context: Any, _many: bool) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and "intelligence_signals" in statement:
-            reads.append((statement, params))
-
-    event.listen(engine.sync_engine, "before_cursor_execute", seen)
-    try:
+    with captured_reads(engine, "intelligence_signals") as reads:
         routed = await route_pending(store, RoutingPolicy(), clock.now)
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", seen)
     assert sorted(r.signal_id for r in routed) == sorted(waiting)
     assert reads, "the router read no signal"
     for statement, params in reads:
-        plan = await _explain(engine, statement, params)
+        plan = await explain_captured(engine, statement, params)
         if engine.dialect.name == "sqlite":
             # Each read of the signals is a search by id; the anti-join before: SCAN intelligence_signals.
             steps = [line for line in plan.splitlines() if "intelligence_signals" in line]
