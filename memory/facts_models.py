@@ -7,8 +7,9 @@ from whether a decision row exists for it, a signal is unrouted until it has a
 routing row, and an obligation is open until it has a disposition row. The
 unique keys (one decision per proposal, one routing per signal, one disposition
 per obligation) make a second, concurrent decision fail instead of overwriting.
-``unrouted_signals`` is not a record but the router's queue, derived from the
-records by triggers: its rows come and go, the records' never change.
+``unrouted_signals`` (the router's queue) and ``open_obligations`` (the hold
+check's) are not records but derived from the records by triggers: their rows
+come and go, the records' never change.
 """
 
 from __future__ import annotations
@@ -131,6 +132,28 @@ class Obligation(MemoryBase):
     blocks: Mapped[bool] = mapped_column(Boolean)
     opened_at: Mapped[datetime] = mapped_column(UTCDateTime())
     reason: Mapped[str] = mapped_column(Text)
+
+
+class OpenObligation(MemoryBase):
+    """An obligation with no disposition yet: the hold check's queue, kept by the database (migration 0020).
+
+    Not a record: a derived index of "the obligations without a disposition row", which
+    a trigger adds each obligation to as it is inserted and another takes it out of as
+    its disposition is inserted, whichever code inserts them (an older process's
+    included). It carries what the hold check filters and orders by, so
+    ``ix_open_obligations_hold`` answers "the oldest open blocking obligation on this
+    SOP" alone. The hold check and the open listing read this and not an anti-join of
+    every obligation ever opened, so what they cost follows the open obligations, not
+    the history (``bench/sop_hold.py``).
+    """
+
+    __tablename__ = "open_obligations"
+    __table_args__ = (Index("ix_open_obligations_hold", "sop_name", "blocks", "opened_at", "obligation_id"),)
+
+    obligation_id: Mapped[str] = mapped_column(ForeignKey("obligations.id"), primary_key=True)
+    sop_name: Mapped[str] = mapped_column(String(200))
+    blocks: Mapped[bool] = mapped_column(Boolean)
+    opened_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class ObligationDisposition(MemoryBase):

@@ -32,6 +32,7 @@ from memory.facts_models import (
     IntelligenceSignal,
     Obligation,
     ObligationDisposition,
+    OpenObligation,
     SignalRouting,
     UnroutedSignal,
 )
@@ -58,6 +59,7 @@ UNROUTED = S.id.in_(select(U.signal_id))
 """The signals without a routing: in the queue the triggers keep (``UnroutedSignal``)."""
 O = Obligation.__table__.c  # noqa: E741
 OD = ObligationDisposition.__table__.c
+OO = OpenObligation.__table__.c
 
 
 class ObligationError(MemoryStoreError):
@@ -255,6 +257,39 @@ def _chunks(ids: list[str], size: int = 500) -> list[list[str]]:
     return [ids[i : i + size] for i in range(0, len(ids), size)]
 
 
+def open_obligation_ids(*, sop_name: str | None = None, obligation_id: str | None = None) -> Any:
+    """The open obligations' ids, oldest first (``opened_at``, then id): the open listing's first read.
+
+    It reads the queue the triggers keep (``OpenObligation``), then the obligations by id
+    (:func:`obligations_by_id`), each an index search, and not the two joined in one
+    statement, which both databases may drive from the obligations (migration 0019's
+    lesson: SQLite, with no statistics, scanned every signal to probe its queue;
+    PostgreSQL merge-joined along the whole primary key).
+    """
+    q = select(OO.obligation_id).order_by(OO.opened_at, OO.obligation_id)
+    if sop_name is not None:
+        q = q.where(OO.sop_name == sop_name)
+    if obligation_id is not None:
+        q = q.where(OO.obligation_id == obligation_id)
+    return q
+
+
+def obligations_by_id(ids: Sequence[str], *, signal_id: str | None = None) -> Any:
+    """The obligations with these ids (of ``signal_id`` only, if given): the open listing's second read."""
+    q = select(Obligation.__table__).where(O.id.in_(ids))
+    if signal_id is not None:
+        q = q.where(O.signal_id == signal_id)
+    return q
+
+
+def _obligation(row: Any, disposition: DispositionView | None = None) -> ObligationView:
+    m = row._mapping
+    return ObligationView(
+        m["id"], m["signal_id"], m["sop_name"], m["severity"], bool(m["blocks"]), m["opened_at"], m["reason"],
+        disposition,
+    )  # fmt: skip
+
+
 def _routing(row: Any) -> RoutingView:
     m = row._mapping
     return RoutingView(
@@ -372,14 +407,19 @@ class FindingsStore:
         signal_id: str | None = None,
         obligation_id: str | None = None,
     ) -> list[ObligationView]:
-        """Obligations oldest first, open ones only unless ``include_resolved``."""
+        """Obligations oldest first, open ones only unless ``include_resolved``.
+
+        The open ones are read from the queue the database keeps (``OpenObligation``), so
+        the dashboard, the findings page and ``goclaw obligations`` cost what is open, not
+        every obligation ever opened; with ``include_resolved``, every one is read.
+        """
+        if not include_resolved:
+            return await self._open_obligations(sop_name=sop_name, signal_id=signal_id, obligation_id=obligation_id)
         q = (
             select(Obligation.__table__, *[c.label(f"d_{c.key}") for c in ObligationDisposition.__table__.c])
             .outerjoin(ObligationDisposition.__table__, OD.obligation_id == O.id)
             .order_by(O.opened_at, O.id)
         )
-        if not include_resolved:
-            q = q.where(OD.obligation_id.is_(None))
         if sop_name is not None:
             q = q.where(O.sop_name == sop_name)
         if signal_id is not None:
@@ -396,13 +436,22 @@ class FindingsStore:
                         m["d_obligation_id"], m["d_disposition"], m["d_by_user_id"], m["d_by_role"], m["d_at"],
                         m["d_rationale"],
                     )  # fmt: skip
-                out.append(
-                    ObligationView(
-                        m["id"], m["signal_id"], m["sop_name"], m["severity"], bool(m["blocks"]), m["opened_at"],
-                        m["reason"], disp,
-                    )
-                )  # fmt: skip
+                out.append(_obligation(row, disp))
         return out
+
+    async def _open_obligations(
+        self, *, sop_name: str | None, signal_id: str | None, obligation_id: str | None
+    ) -> list[ObligationView]:
+        """The open obligations, oldest first: the queue's ids, then those obligations by id."""
+        async with self._engine.connect() as conn:
+            queue = open_obligation_ids(sop_name=sop_name, obligation_id=obligation_id)
+            ids = list((await conn.execute(queue)).scalars())
+            found = {
+                row.id: _obligation(row)
+                for chunk in _chunks(ids)
+                for row in await conn.execute(obligations_by_id(chunk, signal_id=signal_id))
+            }
+        return [found[i] for i in ids if i in found]
 
     async def obligation(self, obligation_id: str) -> ObligationView | None:
         """One obligation, or None."""
@@ -426,12 +475,19 @@ class FindingsStore:
         return ObligationHistory(ob, signal, _routing(row) if row else None, tuple(siblings))
 
     async def holding_obligation(self, sop_name: str) -> str | None:
-        """The oldest open blocking obligation on ``sop_name``, or None (the SOP may run)."""
+        """The oldest open blocking obligation on ``sop_name``, or None (the SOP may run).
+
+        Asked before every run starts. It reads the queue the database keeps
+        (``OpenObligation``), whose index ``(sop_name, blocks, opened_at, obligation_id)``
+        answers alone: one index search, however many obligations the SOP had. The
+        anti-join of the obligations with their dispositions it replaced read every
+        obligation the SOP ever had (66 ms a call at 200,000 on SQLite, 52 ms on PostgreSQL;
+        0.3 and 0.6 ms from the queue: ``bench/sop_hold.py``).
+        """
         q = (
-            select(O.id)
-            .outerjoin(ObligationDisposition.__table__, OD.obligation_id == O.id)
-            .where(O.sop_name == sop_name, O.blocks.is_(True), OD.obligation_id.is_(None))
-            .order_by(O.opened_at, O.id)
+            select(OO.obligation_id)
+            .where(OO.sop_name == sop_name, OO.blocks.is_(True))
+            .order_by(OO.opened_at, OO.obligation_id)
             .limit(1)
         )
         async with self._engine.connect() as conn:

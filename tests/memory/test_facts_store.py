@@ -32,6 +32,7 @@ FACT_TABLES = {
         fm.IntelligenceSignal,
         fm.SignalRouting,
         fm.UnroutedSignal,
+        fm.OpenObligation,
         fm.Obligation,
         fm.ObligationDisposition,
     )
