@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -34,6 +34,8 @@ from memory.writer import MemoryWriter
 from pairing.principal import Principal, PrincipalKind, is_human_admin
 
 MAX_TEXT_CHARS = 2000
+LIST_LIMIT = 500
+"""The most proposals ``identity_decide list`` shows, oldest first (it says when there are more)."""
 REFUSE_PROPOSE = "Proposing a change to the agent's identity is for paired people and SOP runs; nothing was recorded."
 REFUSE_DECIDE = "Only an administrator can accept or reject an identity proposal; nothing was changed."
 
@@ -172,6 +174,14 @@ def _decision_view(row: Any) -> DecisionView:
     return DecisionView(**{k: m[k] for k in DecisionView.__dataclass_fields__})
 
 
+def _joined_decision(row: Any) -> DecisionView | None:
+    """The decision of a ``proposals_query`` row (its ``d_`` columns), or None while the proposal is open."""
+    m = row._mapping
+    if m["d_id"] is None:
+        return None
+    return DecisionView(**{k: m[f"d_{k}"] for k in DecisionView.__dataclass_fields__})
+
+
 def _proposal_view(row: Any, decision: DecisionView | None) -> ProposalView:
     m = row._mapping
     fields = {k: m[k] for k in ProposalView.__dataclass_fields__ if k != "decision"}
@@ -180,6 +190,8 @@ def _proposal_view(row: Any, decision: DecisionView | None) -> ProposalView:
 
 P = IdentityProposal.__table__.c
 D = IdentityDecision.__table__.c
+_WITH_DECISION = IdentityProposal.__table__.outerjoin(IdentityDecision.__table__, D.proposal_id == P.id)
+_OPEN = D.proposal_id.is_(None)  # no decision row has its id (one at most: the index is unique)
 
 
 class IdentityStore:
@@ -254,17 +266,39 @@ class IdentityStore:
             dec = (await conn.execute(select(IdentityDecision.__table__).where(D.proposal_id == proposal_id))).first()
         return _proposal_view(row, _decision_view(dec) if dec else None)
 
+    def proposals_query(self, *, include_decided: bool = False, limit: int = 500) -> Select[Any]:
+        """``proposals``' statement: each proposal with its decision's columns (``d_...``, NULL while open).
+
+        Open or decided is settled in SQL, before the limit: limited first and filtered
+        after, the 500 oldest proposals, once decided, hid every newer open one from the
+        dashboard, the CLI and the chat tool, and a proposal nobody sees is never decided
+        (seed 001: identity changes only by a person's decision on a proposal). Each
+        proposal's decision is found on the unique index on ``proposal_id`` (SQLite, and
+        PostgreSQL for the decided ones too), or PostgreSQL hashes the decisions once for
+        an anti-join: never every decision for each proposal.
+        """
+        q = (
+            select(IdentityProposal.__table__, *[c.label(f"d_{c.key}") for c in IdentityDecision.__table__.c])
+            .select_from(_WITH_DECISION)
+            .order_by(P.created_at, P.id)
+            .limit(limit)
+        )
+        return q if include_decided else q.where(_OPEN)
+
     async def proposals(self, *, include_decided: bool = False, limit: int = 500) -> list[ProposalView]:
-        """Proposals, oldest first: open ones only unless ``include_decided``."""
-        q = select(IdentityProposal.__table__).order_by(P.created_at, P.id).limit(limit)
+        """Proposals, oldest first, at most ``limit``: open ones only unless ``include_decided``."""
         async with self._engine.connect() as conn:
-            rows = (await conn.execute(q)).all()
-            decs = {
-                r.proposal_id: _decision_view(r)
-                for r in await conn.execute(select(IdentityDecision.__table__).where(D.proposal_id.is_not(None)))
-            }
-        views = [_proposal_view(r, decs.get(r.id)) for r in rows]
-        return views if include_decided else [v for v in views if v.status == "open"]
+            rows = (await conn.execute(self.proposals_query(include_decided=include_decided, limit=limit))).all()
+        return [_proposal_view(r, _joined_decision(r)) for r in rows]
+
+    async def count(self, *, include_decided: bool = False) -> int:
+        """How many proposals ``proposals`` would list without its limit: the open ones unless ``include_decided``."""
+        if include_decided:
+            q = select(func.count()).select_from(IdentityProposal.__table__)
+        else:
+            q = select(func.count()).select_from(_WITH_DECISION).where(_OPEN)
+        async with self._engine.connect() as conn:
+            return int((await conn.execute(q)).scalar_one())
 
     async def provenance(self) -> dict[str, DecisionView]:
         """For each identity record that has one, how it came to be (accepted proposal, or ``direct``)."""
@@ -428,8 +462,13 @@ async def identity_decide(
     why = str(args.get("rationale") or "")
     try:
         if action == "list":
-            open_ = await identity.proposals()
-            return "\n".join(proposal_line(p) for p in open_) if open_ else "No open identity proposals."
+            open_ = await identity.proposals(limit=LIST_LIMIT)
+            if not open_:
+                return "No open identity proposals."
+            lines = [proposal_line(p) for p in open_]
+            if len(open_) == LIST_LIMIT and (waiting := await identity.count()) > LIST_LIMIT:
+                lines.append(f"(the oldest {LIST_LIMIT} of {waiting} open proposals; decide these to see the rest)")
+            return "\n".join(lines)
         if action == "accept" and pid:
             done = await accept_proposal(identity, writer, pid, by=principal, rationale=why)
             if on_accept is not None:

@@ -21,6 +21,7 @@ from gateway.web.dashboard.base import PAGE_SIZE
 from memory.intelligence import Report
 from pairing.principal import Principal, Role
 from tests.gateway.dashboard_http import Dash, audit_rows, dashboard
+from tests.memory.conftest import bulk_proposals
 
 SOPS: dict[str, Any] = {
     "automation": {
@@ -100,6 +101,22 @@ async def test_accepting_a_proposal_makes_it_the_identity_with_the_decision_kept
     assert status == 400 and "already accepted" in page
     rows = audit_rows(await dash.gw.pairing.audit_log())
     assert {("dashboard", "admin", "identity accept", "ok"), ("dashboard", "admin", "identity accept", "error")} <= rows
+
+
+async def test_every_open_proposal_is_counted_and_a_new_one_is_listed_after_hundreds_decided(dash: Dash) -> None:
+    facts = _facts(dash)
+    await bulk_proposals(dash.gw.engine, 501, before=facts.identity.now(), decided=True)
+    p = await facts.identity.propose(
+        await _bob(dash), scope="global", content="Glossary: SOP = standing procedure", rationale="r"
+    )
+    _, page = await dash.get("/dashboard/identity")
+    assert f'class="proposal" data-id="{p.id}"' in page
+    _, overview = await dash.get("/dashboard/")
+    assert "1 identity proposal(s) await a decision" in overview
+    # More open than a listing holds: the warning still counts them all.
+    await bulk_proposals(dash.gw.engine, 600, before=facts.identity.now(), decided=False)
+    _, overview = await dash.get("/dashboard/")
+    assert "601 identity proposal(s) await a decision" in overview
 
 
 async def test_rejected_proposals_stay_on_record_and_the_history_is_keyset_paged(dash: Dash) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import secrets
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.hotstore import hot_store
+from memory.facts_models import IdentityDecision, IdentityProposal
 from memory.store import MemoryStore
 from memory.types import SliceMessage
 from memory.writer import MemoryWriter
@@ -63,3 +66,29 @@ def store(engine: AsyncEngine, clock: Clock) -> MemoryStore:
 @pytest.fixture
 def writer(store: MemoryStore) -> MemoryWriter:
     return MemoryWriter(store)
+
+
+async def bulk_proposals(engine: AsyncEngine, n: int, *, before: datetime, decided: bool) -> list[str]:
+    """``n`` identity proposals a minute apart, all older than ``before``, inserted in one go, oldest first.
+
+    ``decided``: each rejected by u_alice (a decision row: the tables are insert-only).
+    """
+    tag = secrets.token_hex(3)
+    ids = [f"ip_{tag}{i:05d}" for i in range(n)]
+    proposals = [
+        {"id": pid, "scope": "global", "subject": f"rule {i}", "content": f"Rule {i}", "rationale": "r",
+         "proposer": "u_bob", "proposer_role": "user", "created_at": before - timedelta(minutes=n - i)}
+        for i, pid in enumerate(ids)
+    ]  # fmt: skip
+    decisions = [
+        {"id": f"id_{tag}{i:05d}", "proposal_id": pid, "record_id": None, "decision": "rejected",
+         "by_user_id": "u_alice", "at": before, "rationale": "no"}
+        for i, pid in enumerate(ids)
+    ]  # fmt: skip
+    async with engine.begin() as conn:
+        await conn.execute(insert(IdentityProposal.__table__), proposals)
+        if decided:
+            await conn.execute(insert(IdentityDecision.__table__), decisions)
+        if engine.dialect.name == "postgresql":
+            await conn.exec_driver_sql("ANALYZE identity_proposals, identity_decisions")  # as autovacuum would
+    return ids

@@ -13,7 +13,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import memory.facts_models as fm
 from gateway.db import make_engine, upgrade
-from memory.identity import IdentityError, IdentityStore, accept_proposal, reject_proposal
+from memory.identity import (
+    LIST_LIMIT,
+    IdentityError,
+    IdentityStore,
+    accept_proposal,
+    identity_decide,
+    reject_proposal,
+)
 from memory.intelligence import RoutingPolicy, parse_report
 from memory.models import MemoryBase
 from memory.obligations import FindingsStore, holding_obligation, route_pending
@@ -21,8 +28,8 @@ from memory.render import identity_lines
 from memory.store import MemoryStore
 from memory.writer import MemoryWriter
 from pairing.models import UTCDateTime
-from tests.conftest import Clock
-from tests.memory.conftest import ALICE, BOB, CAROL, SOP
+from tests.conftest import Clock, pg_rows_visited, pg_scans, query_plan
+from tests.memory.conftest import ALICE, BOB, CAROL, SOP, bulk_proposals
 
 FACT_TABLES = {
     t.__tablename__
@@ -173,3 +180,75 @@ async def test_a_disposition_is_a_later_event_and_the_obligation_row_is_unchange
     with pytest.raises(Exception, match="disposition must be one of"):
         await store.resolve(held, by=ALICE, disposition="ignore", rationale="x")
     assert clock.now - done.opened_at == timedelta(hours=1)
+
+
+async def test_an_open_proposal_is_listed_however_many_were_decided_before_it(
+    engine: AsyncEngine, clock: Clock
+) -> None:
+    identity = IdentityStore(engine, clock=clock)
+    await bulk_proposals(engine, 501, before=clock.now, decided=True)
+    clock.advance(minutes=1)
+    fresh = await identity.propose(BOB, scope="global", content="Glossary: SOP = standing procedure", rationale="r")
+    (listed,) = await identity.proposals()
+    assert (listed.id, listed.status) == (fresh.id, "open")
+    assert await identity.count() == 1
+    assert await identity.count(include_decided=True) == 502
+
+
+async def test_the_limit_counts_what_the_caller_asked_for_oldest_first(engine: AsyncEngine, clock: Clock) -> None:
+    identity = IdentityStore(engine, clock=clock)
+    decided = await bulk_proposals(engine, 3, before=clock.now, decided=True)
+    opened = []
+    for i in range(3):
+        clock.advance(minutes=1)
+        opened.append((await identity.propose(BOB, scope="global", content=f"Rule {i}", rationale="r")).id)
+    assert [p.id for p in await identity.proposals(limit=2)] == opened[:2]
+    both = await identity.proposals(include_decided=True, limit=4)
+    assert [p.id for p in both] == [*decided, opened[0]]
+    first = both[0].decision
+    assert first is not None and (first.proposal_id, first.decision, first.by_user_id) == (
+        decided[0],
+        "rejected",
+        "u_alice",
+    )
+    assert both[0].status == "rejected" and both[3].decision is None
+    assert await identity.count() == 3
+
+
+async def test_listing_open_proposals_does_not_read_every_decision_for_each_proposal(
+    engine: AsyncEngine, clock: Clock
+) -> None:
+    identity = IdentityStore(engine, clock=clock)
+    await bulk_proposals(engine, 600, before=clock.now, decided=True)
+    clock.advance(minutes=1)
+    for i in range(3):
+        await identity.propose(BOB, scope="global", content=f"Rule {i}", rationale="r")
+    for include_decided in (False, True):
+        plan = await query_plan(engine, identity.proposals_query(include_decided=include_decided))
+        if engine.dialect.name == "sqlite":
+            steps = [line for line in plan.splitlines() if " identity_decisions " in f"{line} "]
+            assert steps and all(
+                line.startswith("SEARCH identity_decisions USING") and "ix_identity_decisions_proposal_id" in line
+                for line in steps
+            ), plan
+        else:
+            # A probe of the unique index a proposal, or one hash of the decisions for an
+            # anti-join: each decision read at most once, not once for each proposal.
+            scans = pg_scans(plan, "identity_decisions")
+            assert scans and pg_rows_visited(scans) <= 603, plan
+
+
+async def test_the_list_tool_shows_a_new_open_proposal_and_says_when_there_are_more(
+    engine: AsyncEngine, clock: Clock
+) -> None:
+    identity, writer = IdentityStore(engine, clock=clock), MemoryWriter(MemoryStore(engine))
+    await bulk_proposals(engine, LIST_LIMIT + 1, before=clock.now, decided=True)
+    clock.advance(minutes=1)
+    fresh = await identity.propose(BOB, scope="global", content="Glossary: SOP = standing procedure", rationale="r")
+    (line,) = (await identity_decide(identity, writer, ALICE, {"action": "list"})).splitlines()
+    assert line.startswith(f"- {fresh.id} [open]"), line
+
+    await bulk_proposals(engine, LIST_LIMIT, before=clock.now, decided=False)  # older than fresh
+    lines = (await identity_decide(identity, writer, ALICE, {"action": "list"})).splitlines()
+    assert len(lines) == LIST_LIMIT + 1 and all(f"- {fresh.id} " not in x for x in lines)
+    assert lines[-1] == (f"(the oldest {LIST_LIMIT} of {LIST_LIMIT + 1} open proposals; decide these to see the rest)")

@@ -34,8 +34,8 @@ async def overview(request: web.Request) -> web.StreamResponse:
     if gw.memory.facts is not None:
         holding = [o for o in await gw.memory.facts.findings.obligations() if o.holds]
         warnings += [f"SOP {o.sop_name} is held by obligation {o.id} (Findings page)" for o in holding]
-        if proposals := await gw.memory.facts.identity.proposals():
-            warnings.append(f"{len(proposals)} identity proposal(s) await a decision (Identity page)")
+        if waiting := await gw.memory.facts.identity.count():  # all of them: a listing stops at its limit
+            warnings.append(f"{waiting} identity proposal(s) await a decision (Identity page)")
     return render(
         request,
         "overview.html",
