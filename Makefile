@@ -66,6 +66,7 @@ QUICK_memory_write := --records 20000 --users 500 --writes 100 --runs 1
 QUICK_idle_sweep := --messages 100000 --sessions 500 --runs 1
 QUICK_signal_routing := --signals 50000 --runs 1
 QUICK_sop_hold := --obligations 40000 --runs 1
+QUICK_history_reads := --history 50000 --runs 1
 BENCHES := $(sort $(filter-out bench/ab.py,$(wildcard bench/*.py)))  # ab.py: the A/B harness, not a benchmark
 
 # bench/turn_instructions.py counts instructions with Debian's valgrind (callgrind).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ForeignKey, Index, String, Text
+from sqlalchemy import JSON, ForeignKey, Index, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from pairing.models import UTCDateTime
@@ -75,6 +75,15 @@ class MemoryRevision(MemoryBase):
     """
 
     __tablename__ = "memory_revisions"
+    __table_args__ = (
+        # The undone rows, the vetoes every distillation reads: few among a row for every retirement.
+        Index(
+            "ix_memory_revisions_undone",
+            "undone_at",
+            sqlite_where=text("undone_at IS NOT NULL"),
+            postgresql_where=text("undone_at IS NOT NULL"),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     retired_id: Mapped[str] = mapped_column(ForeignKey("memory_records.id"), index=True)

@@ -58,7 +58,9 @@ class PairingRequest(PairingBase):
     """A pairing code sent to an unknown sender, and what became of it."""
 
     __tablename__ = "pairing_requests"
-    __table_args__ = (Index("ix_pairing_requests_channel_status", "channel", "status"),)
+    # A stranger's DM reads the channel's pending codes not yet expired; an expired code stays
+    # 'pending' (the record of one nobody approved), so the expiry is in the index (migration 0021).
+    __table_args__ = (Index("ix_pairing_requests_channel_status_expiry", "channel", "status", "expires_at"),)
 
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
     channel: Mapped[str] = mapped_column(String(32))
