@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ForeignKey, Index, String, Text, text
+from sqlalchemy import JSON, ForeignKey, Index, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from pairing.models import UTCDateTime
@@ -77,12 +77,10 @@ class MemoryRevision(MemoryBase):
     __tablename__ = "memory_revisions"
     __table_args__ = (
         # The undone rows, the vetoes every distillation reads: few among a row for every retirement.
-        Index(
-            "ix_memory_revisions_undone",
-            "undone_at",
-            sqlite_where=text("undone_at IS NOT NULL"),
-            postgresql_where=text("undone_at IS NOT NULL"),
-        ),
+        # Migration 0021 makes it WHERE undone_at IS NOT NULL. Not said here: the schema is Alembic's,
+        # and the dialects' where= options would load both dialects' modules at import (a plain
+        # SQLite start loads no PostgreSQL code: tests/gateway/test_startup_imports.py).
+        Index("ix_memory_revisions_undone", "undone_at"),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
