@@ -22,7 +22,11 @@ how much, in the same run.
 The fill writes rows directly (bulk insert, the same columns and term index the
 store writes); the gate is for what people and runs say, and this is a fixture.
 
-Usage: .venv/bin/python bench/memory_prompt.py [--records N] [--runs N] [--budget N] [--postgres] [--default-gc]
+Usage: .venv/bin/python bench/memory_prompt.py [--records N] [--runs N] [--budget N] [--expired N] [--postgres] [--default-gc]
+
+With ``--expired N`` the fill adds N notes past their review-by date (still ``live``: nothing
+recorded them again) with their index terms; a tree whose job worker prunes those terms
+(``MemoryStore.prune_expired_postings``) prunes them before the calls, as its worker does when idle.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ def _row(rng: random.Random, **kw: Any) -> dict[str, Any]:
     return base
 
 
-async def fill(store_engine: Any, records: int, users: int, rng: random.Random) -> dict[str, int]:
+async def fill(store_engine: Any, records: int, users: int, rng: random.Random, *, expired: int = 0) -> dict[str, int]:
     vocab = [_word(rng) for _ in range(3000)]
     rows: list[dict[str, Any]] = []
     terms_rows: list[dict[str, Any]] = []
@@ -131,6 +135,20 @@ async def fill(store_engine: Any, records: int, users: int, rng: random.Random) 
                 author_role="user",
             )
         )
+    for k in range(expired):  # notes nobody recorded again past their review-by date: still 'live'
+        said = NOW - timedelta(days=100 + k % 700, minutes=k)
+        topic = rng.choice(TOPICS)
+        row = _row(
+            rng,
+            scope="agent_notes",
+            subject=f"{topic} {_word(rng)}",
+            content=_sentence(rng, vocab, topic, rng.randint(6, 24)),
+            status="live",
+            review_by=said + timedelta(days=90),
+        )
+        row.update(said_at=said, recorded_at=said)
+        rows.append(row)
+        terms_rows.extend(note_postings(row["id"], row["subject"], row["content"], said, row["review_by"]))
     for k in range(IDENTITY_RECORDS):  # set up with the agent, before everything else
         scope = "agent_config" if k % 2 == 0 else "global"
         said = NOW - timedelta(days=100, minutes=k)
@@ -158,6 +176,12 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--budget", type=int, default=1200)
     parser.add_argument("--identity-runs", type=int, default=30)
+    parser.add_argument(
+        "--expired",
+        type=int,
+        default=0,
+        help="also this many notes past their review-by date (a tree that prunes their index terms does so first)",
+    )
     parser.add_argument("--postgres", action="store_true", help="a fresh PostgreSQL database instead of a SQLite file")
     parser.add_argument("--pg-server", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument(
@@ -176,7 +200,10 @@ async def main() -> None:
         try:
             await upgrade(engine)
             t0 = time.perf_counter()
-            shape = await fill(engine, args.records, args.users, rng)
+            shape = await fill(engine, args.records, args.users, rng, expired=args.expired)
+            if args.expired:
+                pruned = await prune_expired(engine)
+                print(f"{args.expired:,} notes past their review-by date; their index terms pruned first: {pruned}")
             if pg_name:
                 await vacuum_analyze(url)
             print(
@@ -189,6 +216,18 @@ async def main() -> None:
             await engine.dispose()
             if pg_name:
                 await drop_pg_database(args.pg_server, pg_name)
+
+
+async def prune_expired(engine: Any) -> bool:
+    """As the job worker does when idle (trees since the twenty-eighth session), until none is left; False if
+    this tree's store cannot (its index keeps the expired notes' terms)."""
+    store = MemoryStore(engine, clock=lambda: NOW)
+    prune = getattr(store, "prune_expired_postings", None)
+    if prune is None:
+        return False
+    while (await prune(notes=1000))[1]:
+        pass
+    return True
 
 
 async def fresh_pg_database(server: str) -> tuple[str, str]:

@@ -128,6 +128,8 @@ class Gateway:
             # A done trim job is deleted: its archive and extraction job are its record.
             forget_done=FORGET_DONE | {TRIM_JOB},
             keep_done_s=self.config.worker.keep_done_jobs_days * 86_400,
+            # Notes past their review-by date leave the index each turn's match walks.
+            upkeep={"expired notes' index terms deleted": self.memory.store.prune_expired_postings},
         )
         self.idle = IdleExtractor(
             self.engine,

@@ -40,6 +40,8 @@ class ParkableError(Exception):
 
 
 JobHandler = Callable[[Job], Awaitable[None]]
+Upkeep = Callable[[], Awaitable[tuple[int, bool]]]
+"""Work the worker does when idle, every ``PRUNE_EVERY_S``: one batch, returning (how many, whether more are left)."""
 
 PRUNE_BATCH = 1_000
 """Done jobs deleted in one transaction (on SQLite a turn may wait for it: a few milliseconds)."""
@@ -65,6 +67,7 @@ class JobWorker:
         heartbeat_s: float | None = None,
         forget_done: frozenset[str] = frozenset(),
         keep_done_s: float | None = None,
+        upkeep: Mapping[str, Upkeep] | None = None,
     ) -> None:
         self.sessions = sessions
         self.handlers = dict(handlers)
@@ -81,6 +84,8 @@ class JobWorker:
         self.forget_done = forget_done
         # Done jobs older than this are deleted when the worker is idle (None: kept); ``worker.keep_done_jobs_days``.
         self.keep_done_s = keep_done_s
+        # More upkeep when idle, by what it does (for its log line): the memory store's expired postings.
+        self.upkeep: dict[str, Upkeep] = dict(upkeep or {})
         self._prune_at = 0.0  # the loop's time of the next prune
         self._storage_down = False
         # Called with (kind, outcome) for each job run (the job process reports them to its parent's /metrics).
@@ -174,14 +179,19 @@ class JobWorker:
 
     async def _prune_when_due(self) -> None:
         loop = asyncio.get_running_loop()
-        if self.keep_done_s is None or loop.time() < self._prune_at:
+        if (self.keep_done_s is None and not self.upkeep) or loop.time() < self._prune_at:
             return
         self._prune_at = loop.time() + PRUNE_EVERY_S  # a failure below waits as long as a success
         pruned, more = await self.prune()
-        if more:
-            self._prune_at = loop.time() + PRUNE_AGAIN_S
         if pruned:
             log.info("job worker: deleted %d done jobs finished more than %.0f s ago", pruned, self.keep_done_s)
+        for what, step in self.upkeep.items():
+            done, left = await step()
+            more = more or left
+            if done:
+                log.info("job worker: %s: %d", what, done)
+        if more:
+            self._prune_at = loop.time() + PRUNE_AGAIN_S
 
     def _count(self, kind: str, outcome: str) -> None:
         if self.metrics:

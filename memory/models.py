@@ -121,10 +121,14 @@ class MemoryReview(MemoryBase):
 
 
 class MemoryTerm(MemoryBase):
-    """The words of each live agent note: a derived index for choosing notes by relevance.
+    """The words of each live, current agent note: a derived index for choosing notes by relevance.
 
     Kept in the same transaction as the record's status: a note's terms are
-    added when it is written live and removed when it leaves ``live``. It holds
+    added when it is written live and removed when it leaves ``live``. A note
+    past its review-by date stays ``live`` (its record is not changed; a fact
+    still true is recorded again), and the job worker deletes its terms when it is
+    idle (``MemoryStore.prune_expired_postings``): each turn's match walks the
+    postings of its words, and an organisation's expired notes only grow. It holds
     nothing that is not in ``memory_records``.
 
     Each posting also carries its note's ``said_at`` and ``review_by`` (both
@@ -137,6 +141,8 @@ class MemoryTerm(MemoryBase):
     __table_args__ = (
         # The prompt's match: a term's postings with what ranking and the current-note filter read.
         Index("ix_memory_terms_rank", "term", "record_id", "said_at", "review_by"),
+        # The job worker's prune: the postings of notes past their review-by date (migration 0022).
+        Index("ix_memory_terms_review_by", "review_by"),
     )
 
     term: Mapped[str] = mapped_column(String(64), primary_key=True)

@@ -15,7 +15,8 @@ it at 100,000 records: p50 ~1.7 ms, p99 ~3 ms on SQLite when nothing else runs):
   never change after insert but for status, and reads only those it has not seen.
 - ``match``: notes sharing words with the conversation, through
   ``memory_terms``, an inverted index of the words of *live* agent_notes only
-  (kept in the same transaction as the record's status). Postings are
+  (kept in the same transaction as the record's status; a note past its
+  review-by date leaves it when the job worker is next idle). Postings are
   aggregated on the term index, each shared term weighted ``1/df`` (rare
   words count more, an idf), and ranked there (each posting carries its note's
   ``said_at`` and ``review_by``); only the best ``MATCHED_CANDIDATES`` current

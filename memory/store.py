@@ -375,6 +375,13 @@ _RETIRE = (
     .values(status=bindparam("to_status"), superseded_by=bindparam("by"))
 )
 _DELETE_POSTINGS = delete(_TERMS).where(_TERMS.c.record_id == bindparam("retired"))
+_EXPIRED_POSTINGS = (
+    select(_TERMS.c.record_id)
+    .where(_TERMS.c.review_by <= bindparam("now", type_=UTCDateTime()))
+    .distinct()
+    .limit(bindparam("limit", type_=Integer()))
+)
+_DELETE_NOTES_POSTINGS = delete(_TERMS).where(_TERMS.c.record_id.in_(bindparam("ids", expanding=True)))
 _INSERT_RECORD = insert(_T)
 _INSERT_REVISION = insert(_REV)
 _INSERT_POSTING = insert(_TERMS)
@@ -452,7 +459,9 @@ def _candidates_statement(with_words: bool, with_user: bool) -> Any:
         # Ranked and limited on the postings alone (their covering index holds said_at and
         # review_by), then only the chosen records are read. memory_terms holds live agent
         # notes only, so the records' own filter below keeps every chosen one; it stays as a
-        # guard, so a stale posting can never bring back a note that is not live.
+        # guard, so a stale posting can never bring back a note that is not live. The postings
+        # of a note past its review-by date are filtered here until the job worker's next
+        # prune deletes them (``prune_expired_postings``); the df counts them until then.
         # (said_at is one value per record: grouping by it too is cheaper than a max() per posting.)
         score = func.sum(cast(1.0, Float) / df.c.n).label("score")
         best = (
@@ -1239,6 +1248,25 @@ class MemoryStore:
             s.add(self._review(record_id, "reject", by, reason or "rejected in review"))
             await s.flush()
             return await self._reread(s, record_id)
+
+    async def prune_expired_postings(self, *, now: datetime | None = None, notes: int = 100) -> tuple[int, bool]:
+        """Delete the index terms of up to ``notes`` notes past their review-by date; (how many, whether more are left).
+
+        An expired note stays ``live`` (nothing changes a record's review-by; a fact still
+        true is recorded again, and that retires it), and no prompt shows it: the match
+        filters its postings out one by one. Each turn walked them all for its words, so a
+        turn cost more with every note an organisation let expire (``bench/memory_prompt.py
+        --expired``). The job worker calls this when idle. Only the derived index changes:
+        the record, its history and its listing stay; an undo that brings a note back adds
+        its terms again, and they go at the next prune if it is past its date.
+        """
+        at = now or self.now()
+        async with self.transaction() as s:
+            found = await s.execute(_EXPIRED_POSTINGS, {"now": at, "limit": notes + 1})
+            ids = [r[0] for r in found]
+            if ids:
+                await s.execute(_DELETE_NOTES_POSTINGS, {"ids": ids[:notes]})
+        return min(len(ids), notes), len(ids) > notes
 
     async def retract(self, record_id: str, *, by_user_id: str, reason: str) -> MemoryRecordView:
         """Retract a live agent note: a later event by a named admin; nothing is deleted.
