@@ -154,7 +154,9 @@ class OperatorSessions:
             else None
         )
         self._clock = clock
-        self._revoked: set[str] = set()
+        # Nonces logged out, with when their cookie is past SESSION_SECONDS however early it was issued:
+        # refused by age from then on, so forgotten then (a set grew by a nonce a logout, forever).
+        self._revoked: dict[str, float] = {}
 
     @property
     def enabled(self) -> bool:
@@ -196,7 +198,7 @@ class OperatorSessions:
 
         The row is kept until the cookie would have expired anyway; older rows go here too.
         """
-        self._revoked.add(nonce)
+        self._revoke(nonce)
         if self._engine is None:
             return
         from sqlalchemy import delete
@@ -223,9 +225,16 @@ class OperatorSessions:
         async with self._engine.connect() as conn:
             found = await conn.scalar(select(OperatorLogout.nonce).where(OperatorLogout.nonce == nonce))
         if found is not None:
-            self._revoked.add(nonce)  # from now on ``check`` refuses it in this process too
+            self._revoke(nonce)  # from now on ``check`` refuses it in this process too
             return None
         return nonce
+
+    def _revoke(self, nonce: str) -> None:
+        """Refuse ``nonce`` in this process until its cookie is too old anyway, and forget those that are."""
+        now = self._clock()
+        for gone in [n for n, until in self._revoked.items() if until < now]:
+            del self._revoked[gone]
+        self._revoked[nonce] = now + SESSION_SECONDS
 
     def csrf_for(self, nonce: str) -> str:
         """The CSRF token of one session: every form and POST of the dashboard carries it."""

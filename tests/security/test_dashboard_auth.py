@@ -321,3 +321,27 @@ async def test_a_logout_holds_in_every_process_sharing_the_database_and_after_a_
         for srv, gw in zip(servers, gateways, strict=True):
             await srv.close()
             await gw.stop()
+
+
+async def test_a_logged_out_session_stays_refused_and_is_forgotten_once_its_cookie_is_too_old() -> None:
+    # The process kept every logged-out nonce forever; now until the cookie is refused by its age.
+    from gateway.web.auth import SESSION_SECONDS, OperatorSessions
+
+    now = [1_000_000.0]
+    sessions = OperatorSessions(TOKEN, clock=lambda: now[0])
+    cookies = [sessions.issue() for _ in range(3)]
+    for cookie in cookies:
+        nonce = sessions.check(cookie)
+        assert nonce is not None
+        await sessions.log_out(nonce)
+    assert [sessions.check(c) for c in cookies] == [None, None, None]
+    now[0] += SESSION_SECONDS - 1
+    assert [sessions.check(c) for c in cookies] == [None, None, None]  # still refused while young enough
+    now[0] += 2
+    fresh = sessions.issue()
+    nonce = sessions.check(fresh)
+    assert nonce is not None
+    await sessions.log_out(nonce)
+    assert len(sessions._revoked) == 1  # the three are forgotten: their cookies are past SESSION_SECONDS
+    assert [sessions.check(c) for c in cookies] == [None, None, None]  # and refused by their age
+    assert sessions.check(fresh) is None
