@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -221,7 +222,8 @@ class _Union:
 
 @lru_cache(maxsize=65_536)
 def _words(subject: str, content: str) -> frozenset[str]:
-    return frozenset(note_terms(subject, content))
+    # Interned: the notes share their words, and each kept set of fresh strings held its own copies.
+    return frozenset(map(sys.intern, note_terms(subject, content)))
 
 
 @lru_cache(maxsize=65_536)

@@ -34,6 +34,7 @@ it at 100,000 records: p50 ~1.7 ms, p99 ~3 ms on SQLite when nothing else runs):
 from __future__ import annotations
 
 import math
+import sys
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,7 +125,9 @@ def _query_terms(conversation_text: str) -> list[str]:
 @lru_cache(maxsize=50_000)
 def _record_terms(record_id: str, subject: str, content: str) -> tuple[str, ...]:
     # Records are never edited in place, so a record's terms can be kept for as long as it is read.
-    return tuple(terms(subject + " " + content))
+    # Interned: an organisation's records share their words, and a full cache of fresh strings
+    # held 75-143 MB (12- to 30-word records) where one copy of each word will do.
+    return tuple(map(sys.intern, terms(subject + " " + content)))
 
 
 def _rank(records: Sequence[MemoryRecordView], query: set[str]) -> list[MemoryRecordView]:
