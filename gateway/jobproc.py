@@ -45,7 +45,7 @@ import socket
 import sqlite3
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.config import Config
@@ -74,6 +74,10 @@ class JobProcess:
         config_source: The config's text as the serving process loaded it, and its path
             (``Config.source``): every child started, the first or one started again hours
             later, gets this text on its stdin, never the file as it is by then.
+        while_down: Run while no child is running (between an exit and the next start),
+            cancelled when one starts: on SQLite the WAL checkpoints the child makes
+            (``checkpoint_every``), so a child that keeps failing does not leave the WAL
+            growing without bound (the serving process never checkpoints).
     """
 
     def __init__(
@@ -82,8 +86,10 @@ class JobProcess:
         *,
         on_job: Callable[[str, str], None] | None = None,
         config_source: tuple[str, str] | None = None,
+        while_down: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.config_path = config_path
+        self.while_down = while_down
         self.config_source = config_source
         self.on_job = on_job
         self.pid: int | None = None
@@ -220,7 +226,11 @@ class JobProcess:
                     code,
                     delay,
                 )
-            await asyncio.sleep(delay)
+            cover = asyncio.create_task(self.while_down(), name="goclaw-job-process-down") if self.while_down else None
+            try:
+                await asyncio.sleep(delay)
+            finally:
+                await cancel_and_wait(cover)
             delay = min(delay * 2, MAX_RESTART_S)
             try:
                 await self._spawn()
@@ -252,7 +262,7 @@ async def run_job_process(cfg: Config, fd: int) -> None:
     if cfg.database.url.startswith("sqlite"):
         from gateway.db import checkpoint_elsewhere
 
-        checkpoint_elsewhere()  # its commits copy nothing: _checkpoint_every does, once a second or past the limit
+        checkpoint_elsewhere()  # its commits copy nothing: checkpoint_every does, once a second or past the limit
     # Its own loop answers no turn: on SQLite the driver's calls are made inline (gateway/sqlite_inline.py).
     gw = Gateway(cfg, inline_driver=True)
     await gw.start(channels=False, worker=False)
@@ -273,7 +283,7 @@ async def run_job_process(cfg: Config, fd: int) -> None:
 
     loop.add_reader(sock, readable)
     checkpoints = (
-        asyncio.create_task(_checkpoint_every(gw, CHECKPOINT_S), name="goclaw-wal-checkpoint")
+        asyncio.create_task(checkpoint_every(gw, CHECKPOINT_S), name="goclaw-wal-checkpoint")
         if gw.engine.dialect.name == "sqlite"
         else None
     )
@@ -294,7 +304,7 @@ async def run_job_process(cfg: Config, fd: int) -> None:
         sock.close()
 
 
-async def _checkpoint_every(gw: Any, seconds: float) -> None:
+async def checkpoint_every(gw: Any, seconds: float) -> None:
     """Copy the WAL into the database file every ``seconds``, starting it again past ``database.wal_limit_mb``.
 
     The serving process's turns never checkpoint (``checkpoint_elsewhere``): this does it

@@ -66,7 +66,7 @@ async def serve_forever(cfg: Config, *, child: int | None = None, config_path: s
     """
     from gateway.background import WorkerThread
     from gateway.heap import settle_heap
-    from gateway.jobproc import JobProcess
+    from gateway.jobproc import CHECKPOINT_S, JobProcess, checkpoint_every
 
     # Handled from the start: a stop asked for while the gateway (or its worker thread) starts is
     # carried out once it has started, never a kill halfway through.
@@ -109,6 +109,8 @@ async def serve_forever(cfg: Config, *, child: int | None = None, config_path: s
                 config_path,
                 on_job=lambda kind, outcome: gw.metrics.jobs.labels(kind, outcome).inc(),
                 config_source=cfg.source,
+                # This process never checkpoints SQLite's WAL; while no job process runs, it does.
+                while_down=(lambda: checkpoint_every(gw, CHECKPOINT_S)) if gw.engine.dialect.name == "sqlite" else None,
             )
             await jobs.start()
             thread = WorkerThread(cfg, metrics=gw.metrics, wake_jobs=jobs.wake)

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from gateway.hotstore.sqlite import checkpoint_connection, checkpoint_wal
-from gateway.jobproc import _checkpoint_every
+from gateway.jobproc import checkpoint_every
 from gateway.tasks import cancel_and_wait
 from tests.gateway.test_processes import (
     _in_database_file,
@@ -172,7 +172,7 @@ async def test_a_wal_grown_past_its_limit_is_started_again_before_the_next_tick(
         engine=SimpleNamespace(url=SimpleNamespace(database=str(db))),
         config=SimpleNamespace(database=SimpleNamespace(wal_limit_bytes=LIMIT)),
     )
-    ticker = asyncio.create_task(_checkpoint_every(gw, 3600.0))
+    ticker = asyncio.create_task(checkpoint_every(gw, 3600.0))
     sizes: list[int] = []
     try:
         for _ in range(600):  # up to a minute; the watch looks every 0.1 s
@@ -324,3 +324,40 @@ def test_the_job_process_s_own_connections_leave_the_copy_to_its_ticker(tmp_path
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"engine": 0, "hot": 0}, out.stderr
+
+
+async def test_while_no_job_process_runs_the_serving_process_copies_the_wal(tmp_path: Path) -> None:
+    """A job process that keeps failing leaves no WAL growing: between its exits and starts, serve checkpoints.
+
+    The serving process never checkpoints; only the job process's ticker did, so while it
+    failed (restarted with a backoff up to 30 s, forever) nothing copied the WAL. Its child
+    here exits at once (a config file that is not there).
+    """
+    from gateway.jobproc import CHECKPOINT_S, JobProcess
+
+    db = tmp_path / "g.db"
+    writer = _writer(db, LIMIT)
+    _commit(writer, 40)
+
+    def copied() -> int:
+        try:
+            return _in_database_file(db, "t")
+        except sqlite3.OperationalError:  # not even the table is in the database file yet
+            return 0
+
+    assert copied() == 0  # all of it in the WAL still
+    gw = SimpleNamespace(
+        engine=SimpleNamespace(url=SimpleNamespace(database=str(db))),
+        config=SimpleNamespace(database=SimpleNamespace(wal_limit_bytes=LIMIT)),
+    )
+    jobs = JobProcess(str(tmp_path / "missing.yaml"), while_down=lambda: checkpoint_every(gw, CHECKPOINT_S))
+    await jobs.start()
+    try:
+        for _ in range(600):  # up to a minute: the child exits, then the first tick of the cover copies
+            await asyncio.sleep(0.1)
+            if copied() == 40:
+                break
+        assert copied() == 40, "nothing copied the WAL while the job process was down"
+    finally:
+        await jobs.stop()
+    writer.close()
