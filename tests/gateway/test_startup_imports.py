@@ -120,12 +120,16 @@ def _serve_until_healthz(tmp_path: Path) -> str:
         f"database: {{url: 'sqlite+aiosqlite:///{tmp_path / 'g.db'}'}}\n"
         f"server: {{host: 127.0.0.1, port: {port}, dashboard_token: 'a-dashboard-token-for-tests-0123456789'}}\n"
     )
+    # Its stderr to a file, not a pipe: -X importtime writes a line per module, and a pipe nobody
+    # reads until the end stops the process at its first write past 64 KB, before /healthz.
+    err_path = tmp_path / "stderr.txt"
+    err = err_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-X", "importtime", "-m", "gateway", "serve", "--config", str(config)],
         cwd=tmp_path,
         env=dict(os.environ, PYTHONPATH=str(ROOT), NO_PROXY="127.0.0.1"),
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=err,
         text=True,
     )
     try:
@@ -139,7 +143,9 @@ def _serve_until_healthz(tmp_path: Path) -> str:
                 time.sleep(0.05)
     finally:
         proc.terminate()
-        stderr = proc.communicate(timeout=30)[1]
+        proc.wait(timeout=30)
+        err.close()
+    stderr = err_path.read_text()
     assert answered, stderr[-2000:]
     assert proc.returncode == 0, stderr[-2000:]
     return stderr
