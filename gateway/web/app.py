@@ -20,7 +20,7 @@ from gateway.turn import ChunkSink, TurnHandler, TurnRequest, TurnResult
 from gateway.web.api_error import ApiError
 from gateway.web.auth import SESSIONS, OperatorSessions, operator_nonce, operator_session, origin_middleware
 from gateway.web.tokens import metrics_refusal, tokens_match
-from gateway.web.validation import check_session_name, parse_chat, parse_frame, validate_chat
+from gateway.web.validation import check_session_name, parse_chat, parse_frame, query_int, validate_chat
 from gateway.write_health import RETRY_AFTER_S, STORAGE_MESSAGE, WriteHealth, storage_reason
 from pairing.principal import Principal, Role, is_human_admin
 from pairing.store import PairingError, PairingStore
@@ -231,6 +231,11 @@ async def chat(request: web.Request) -> web.Response:
     return web.json_response(payload)
 
 
+PAGE_DEFAULT = 500
+"""Messages ``GET /v1/sessions/{id}/messages`` answers without ``?limit=`` (``before`` names the next page)."""
+PAGE_MAX = 1000
+
+
 async def session_messages(request: web.Request) -> web.Response:
     """GET /v1/sessions/{id}/messages: a participant's (or an admin's) view of a session."""
     ctx = request.app[CTX]
@@ -246,8 +251,16 @@ async def session_messages(request: web.Request) -> web.Response:
             session_id = row.id
     if session_id is None:
         raise ApiError(404, f"no session {name!r} that you can read")
-    messages = await ctx.sessions.all_messages(session_id)
-    return web.json_response({"session": name, "messages": [m.as_json() for m in messages]})
+    # A page at a time, newest first in pages, each oldest first: a long session's whole history,
+    # built on this loop, held every turn up for seconds (2 s at 100,000 messages).
+    limit = query_int(request.query, "limit", default=PAGE_DEFAULT, low=1, high=PAGE_MAX)
+    before = query_int(request.query, "before", default=None, low=1, high=2**62)
+    assert limit is not None
+    messages, more = await ctx.sessions.newest_messages(session_id, limit, before=before)
+    body: dict[str, Any] = {"session": name, "messages": [m.as_json() for m in messages]}
+    if more:
+        body["before"] = str(messages[0].id)  # the next page: ?before=<this>
+    return web.json_response(body)
 
 
 async def websocket(request: web.Request) -> web.StreamResponse:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from gateway.web.api_error import ApiError
@@ -293,3 +293,18 @@ def parse_frame(data: str | bytes) -> Any:
     if isinstance(data, bytes):
         raise ApiError(400, "binary frames are not accepted: send each message as a JSON text frame")
     return parse_json(data, what="the frame")
+
+
+def query_int(query: Mapping[str, str], name: str, *, default: int | None, low: int, high: int) -> int | None:
+    """An integer query parameter between ``low`` and ``high``; ``default`` when it is absent.
+
+    Raises:
+        ApiError: 400 naming the parameter and its range.
+    """
+    raw = query.get(name)
+    if raw is None:
+        return default
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+        raise ApiError(400, f"{name} must be a whole number from {low} to {high}, not {_quote(raw)}")
+    return int(text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import pytest
 from aiohttp import ClientSession, WSMsgType
@@ -14,6 +15,7 @@ from gateway.app import Gateway
 from gateway.config import Config
 from gateway.db import make_engine, upgrade
 from gateway.llm.base import LLMProvider
+from gateway.models import Message
 from gateway.sessions import SessionKey
 from pairing import PairingStore
 from tests.gateway.scripted import ScriptedProvider
@@ -240,3 +242,42 @@ async def test_login_page_is_served_and_the_chat_needs_a_login(web: Web) -> None
     assert 'name="token"' in await page.text()
     chat = await web.http.get(f"{web.base}/dashboard/chat", allow_redirects=False)
     assert (chat.status, chat.headers["Location"]) == (303, "/")
+
+
+async def test_a_long_sessions_messages_come_a_page_at_a_time(web: Web) -> None:
+    # The whole history, built on the serving loop, held every turn up for seconds (2 s at 100,000).
+    r = await web.http.post(
+        f"{web.base}/v1/chat", json={"session": "long", "text": "hi"}, headers=web.auth(ALICE_TOKEN)
+    )
+    assert r.status == 200
+    session_id = await web.gw.sessions.find_session(SessionKey("api", f"{web.alice}/long"))
+    assert session_id is not None
+    said = datetime(2026, 12, 1, tzinfo=UTC)
+    rows = [
+        {"session_id": session_id, "platform_message_id": f"old-{i}", "speaker_user_id": web.alice,
+         "stored_role": "user", "display_name": "Alice", "text": f"message {i}", "said_at": said,
+         "is_agent": False, "created_at": said, "archive_id": "a_old" if i < 1000 else None}
+        for i in range(1200)
+    ]  # fmt: skip
+    async with web.gw.engine.begin() as conn:
+        await conn.execute(Message.__table__.insert(), rows)
+    url = f"{web.base}/v1/sessions/long/messages"
+    pages: list[list[str]] = []
+    query: dict[str, str] = {}
+    while True:
+        body = await (await web.http.get(url, params=query, headers=web.auth(ALICE_TOKEN))).json()
+        pages.append([m["text"] for m in body["messages"]])
+        if "before" not in body:
+            break
+        query = {"before": body["before"]}
+    assert [len(p) for p in pages] == [500, 500, 202]  # 1,202 messages, the newest page first
+    everything = [t for page in reversed(pages) for t in page]
+    assert everything[:2] == ["hi", f"echo: [Alice · {web.alice}] hi"]
+    assert everything[2:] == [f"message {i}" for i in range(1200)]
+    small = await (await web.http.get(url, params={"limit": "3"}, headers=web.auth(ALICE_TOKEN))).json()
+    assert [m["text"] for m in small["messages"]] == ["message 1197", "message 1198", "message 1199"]
+    for bad in ({"limit": "0"}, {"limit": "1001"}, {"limit": "ten"}, {"before": "-5"}, {"before": "1e3"}):
+        r = await web.http.get(url, params=bad, headers=web.auth(ALICE_TOKEN))
+        assert r.status == 400, bad
+        (name,) = bad
+        assert name in (await r.json())["error"]

@@ -24,7 +24,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     """GET /dashboard/chat: the web chat as the operator, with the session's history."""
     gw = gateway_of(request)
     session_id = await gw.sessions.find_session(chat_key())
-    history = await queries.newest_messages(gw.engine, session_id, HISTORY_SHOWN) if session_id else []
+    history = (await gw.sessions.newest_messages(session_id, HISTORY_SHOWN))[0] if session_id else []
     replies = [m.platform_message_id for m in history if m.is_agent]
     explain = await queries.turn_ids_by_reply(gw.engine, session_id, replies) if session_id else {}
     return render(

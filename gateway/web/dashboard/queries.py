@@ -16,7 +16,6 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.models import Job, Message, TurnRecord
-from gateway.sessions import StoredMessage, stored_message
 from gateway.web.dashboard.base import PAGE_SIZE, DashError, Page, decode_cursor, encode_cursor, keyset_page
 from memory.models import SCOPES, STATUSES, MemoryRecord, MemoryRevision
 from memory.store import MemoryRecordView, RevisionView, _rev_view, _view
@@ -317,27 +316,6 @@ async def get_turn(engine: AsyncEngine, turn_id: int) -> TurnRow | None:
     async with engine.connect() as conn:
         row = (await conn.execute(_turn_query().where(TurnRecord.__table__.c.id == turn_id))).first()
     return _turn_row(row) if row else None
-
-
-async def newest_messages(engine: AsyncEngine, session_id: str, limit: int) -> list[StoredMessage]:
-    """The session's newest ``limit`` messages, trimmed ones included, oldest first.
-
-    Their ids first, then their rows by primary key: only the rows shown are read and built (the
-    whole history was, as objects, and cut to the last 200: 2.3 s a page at 100,000 messages). Two
-    statements, not one with a subquery: PostgreSQL joins a small table's rows to the subquery by
-    reading them all. Messages have no (session_id, id) index; the ids come off
-    ``ix_messages_session_live`` (session_id, archive_id, id), whose entries for the session SQLite
-    walks (not its rows). With such an index the first read would stop at ``limit``.
-    """
-    m = Message.__table__.c
-    newest = select(m.id).where(m.session_id == session_id).order_by(m.id.desc()).limit(limit)
-    shown = (m.id, m.session_id, m.platform_message_id, m.speaker_user_id, m.stored_role, m.display_name)
-    async with engine.connect() as conn:
-        ids = list((await conn.scalars(newest)).all())
-        if not ids:
-            return []
-        rows = await conn.execute(select(*shown, m.text, m.said_at, m.is_agent).where(m.id.in_(ids)).order_by(m.id))
-        return [stored_message(r) for r in rows]
 
 
 async def turn_ids_by_reply(engine: AsyncEngine, session_id: str, reply_ids: Collection[str]) -> dict[str, int]:
