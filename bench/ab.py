@@ -15,8 +15,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 Figures = dict[str, float]
 
@@ -91,6 +93,70 @@ async def on_fresh_databases(
                     await drop_pg_database(pg_server, pg_name)
 
         return await alternate(trees, runs, measure, show)
+
+
+Table = tuple[str, tuple[str, ...], list[tuple[Any, ...]]]
+"""A table's name, the columns given, and the rows (values in that order) of a bulk load."""
+
+
+async def loaded(url: str, tables: list[Table], *, inline: bool = False) -> Any:
+    """A fresh database migrated by the measured tree's Alembic, ``tables`` loaded in bulk (a fixture, not the
+    gate: SQLite ``executemany``, PostgreSQL ``COPY`` then ``VACUUM ANALYZE`` as autovacuum would); its engine.
+
+    ``inline``: on SQLite the engine the job process and the worker thread make (the driver's calls made
+    on the calling thread, ``gateway.sqlite_inline``), else the serving process's.
+    """
+    from gateway.db import make_engine, upgrade
+
+    engine = make_engine(url)
+    await upgrade(engine)
+    await engine.dispose()
+    if url.startswith("sqlite"):
+        import sqlite3
+
+        conn = sqlite3.connect(url.split("///", 1)[1])
+        for table, columns, rows in tables:
+            marks = ",".join("?" * len(columns))
+            conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
+        conn.commit()
+        conn.close()
+        if inline:
+            from gateway.sqlite_inline import make_inline_engine
+
+            return make_inline_engine(url)
+        return make_engine(url)
+    import asyncpg
+
+    conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
+    try:
+        for table, columns, rows in tables:
+            await conn.copy_records_to_table(table, records=rows, columns=columns)
+        # The whole database: the queues triggers keep (trees since the twenty-eighth session) had
+        # most of their rows deleted by the later tables' inserts.
+        await conn.execute("VACUUM ANALYZE")
+    finally:
+        await conn.close()
+    return make_engine(url)
+
+
+async def timed(calls: int, call: Callable[[], Awaitable[Any]], check: Callable[[Any], None]) -> Figures:
+    """``call()`` ``calls`` times after two untimed (they warm the connection and the page cache), each result
+    ``check``ed: wall p50/p99 ms and the process's CPU ms a call (every thread of it)."""
+    walls, cpu = [], 0.0
+    for i in range(calls + 2):
+        c0, t0 = time.process_time(), time.perf_counter()
+        got = await call()
+        t1, c1 = time.perf_counter(), time.process_time()
+        check(got)
+        if i >= 2:
+            walls.append((t1 - t0) * 1000)
+            cpu += c1 - c0
+    walls.sort()
+    return {
+        "p50": statistics.median(walls),
+        "p99": walls[min(len(walls) - 1, round(0.99 * (len(walls) - 1)))],
+        "cpu": cpu * 1000 / calls,
+    }
 
 
 def report(trees: dict[str, Path], medians: dict[str, Figures], show: Callable[[Figures], str]) -> None:

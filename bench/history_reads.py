@@ -27,10 +27,7 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -90,55 +87,13 @@ def _rows(args: argparse.Namespace, sqlite: bool) -> list[tuple[str, tuple[str, 
     ]
 
 
-async def _timed(calls: int, call: Callable[[], Awaitable[Any]], check: Callable[[Any], None]) -> dict[str, float]:
-    walls, cpu = [], 0.0
-    for i in range(calls + 2):
-        c0, t0 = time.process_time(), time.perf_counter()
-        got = await call()
-        t1, c1 = time.perf_counter(), time.process_time()
-        check(got)
-        if i >= 2:  # the first two warm the connection and the page cache
-            walls.append((t1 - t0) * 1000)
-            cpu += c1 - c0
-    walls.sort()
-    return {
-        "p50": statistics.median(walls),
-        "p99": walls[min(len(walls) - 1, round(0.99 * (len(walls) - 1)))],
-        "cpu": cpu * 1000 / calls,
-    }
-
-
 async def child(url: str, args: argparse.Namespace) -> dict[str, float]:
     """Fill a fresh database and time the two reads."""
-    from gateway.db import make_engine, upgrade
     from memory.store import MemoryStore
     from pairing.store import PairingStore
 
-    sqlite = url.startswith("sqlite")
-    engine = make_engine(url)
-    await upgrade(engine)
-    await engine.dispose()
-    tables = _rows(args, sqlite)
-    if sqlite:
-        import sqlite3
-
-        conn = sqlite3.connect(url.split("///", 1)[1])
-        for table, columns, rows in tables:
-            marks = ",".join("?" * len(columns))
-            conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
-        conn.commit()
-        conn.close()
-    else:
-        import asyncpg
-
-        conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
-        try:
-            for table, columns, rows in tables:
-                await conn.copy_records_to_table(table, records=rows, columns=columns)
-            await conn.execute("VACUUM ANALYZE")  # what autovacuum does after a load
-        finally:
-            await conn.close()
-    engine = make_engine(url)  # the serving process's engine (its loop answers DMs; the worker thread's differs)
+    # The serving process's engine (its loop answers DMs; the worker thread's differs).
+    engine = await ab.loaded(url, _rows(args, url.startswith("sqlite")))
     try:
         pairing = PairingStore(engine, clock=lambda: NOW)
         first = await pairing.request_code("discord", "stranger", "Stranger")
@@ -151,9 +106,9 @@ async def child(url: str, args: argparse.Namespace) -> dict[str, float]:
             if len(got) != args.undone:
                 raise RuntimeError(f"read {len(got)} undone revisions, not {args.undone}")
 
-        code = await _timed(args.calls, lambda: pairing.request_code("discord", "stranger", "Stranger"), same_code)
+        code = await ab.timed(args.calls, lambda: pairing.request_code("discord", "stranger", "Stranger"), same_code)
         store = MemoryStore(engine, clock=lambda: NOW)
-        undone = await _timed(args.calls, store.undone_revisions, vetoes)
+        undone = await ab.timed(args.calls, store.undone_revisions, vetoes)
         return {**code, **{f"undone_{k}": v for k, v in undone.items()}}
     finally:
         await engine.dispose()

@@ -22,7 +22,8 @@ how much, in the same run.
 The fill writes rows directly (bulk insert, the same columns and term index the
 store writes); the gate is for what people and runs say, and this is a fixture.
 
-Usage: .venv/bin/python bench/memory_prompt.py [--records N] [--runs N] [--budget N] [--expired N] [--postgres] [--default-gc]
+Usage: .venv/bin/python bench/memory_prompt.py [--records N] [--runs N] [--budget N] [--expired N] [--postgres]
+    [--default-gc]
 
 With ``--expired N`` the fill adds N notes past their review-by date (still ``live``: nothing
 recorded them again) with their index terms; a tree whose job worker prunes those terms

@@ -23,11 +23,10 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # Another tree's router (--baseline-source) imports that tree's code: this script runs again as a
@@ -87,45 +86,17 @@ def _rows(n: int, sqlite: bool) -> tuple[list[tuple[object, ...]], list[tuple[ob
 
 async def child(url: str, args: argparse.Namespace) -> dict[str, float]:
     """Fill a fresh database, route the pending signals once, and time the calls that find none."""
-    from gateway.db import make_engine, upgrade
     from memory.intelligence import RoutingPolicy, parse_report
     from memory.obligations import FindingsStore, route_pending
 
-    sqlite = url.startswith("sqlite")
-    engine = make_engine(url)
-    await upgrade(engine)
-    await engine.dispose()
-    signals, routings, obligations = _rows(args.signals, sqlite)
-    tables = (
+    signals, routings, obligations = _rows(args.signals, url.startswith("sqlite"))
+    tables = [
         ("intelligence_signals", SIGNAL_COLUMNS, signals),
         ("signal_routings", ROUTING_COLUMNS, routings),
         ("obligations", OBLIGATION_COLUMNS, obligations),
-    )
-    if sqlite:
-        import sqlite3
-
-        conn = sqlite3.connect(url.split("///", 1)[1])
-        for table, columns, rows in tables:
-            conn.executemany(
-                f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({','.join('?' * len(columns))})", rows
-            )
-        conn.commit()
-        conn.close()
-        from gateway.sqlite_inline import make_inline_engine
-
-        engine = make_inline_engine(url)  # as the serving process's worker thread, where the router runs, makes it
-    else:
-        import asyncpg
-
-        conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
-        try:
-            for table, columns, rows in tables:
-                await conn.copy_records_to_table(table, records=rows, columns=columns)
-            await conn.execute("VACUUM ANALYZE")  # what autovacuum does after a load (the whole database: a tree
-            # since migration 0019 has the queue too, whose every row the routings' inserts deleted)
-        finally:
-            await conn.close()
-        engine = make_engine(url)
+    ]
+    # On SQLite the engine the serving process's worker thread, where the router runs, makes.
+    engine = await ab.loaded(url, tables, inline=True)
     try:
         store = FindingsStore(engine, clock=lambda: NOW)
         report = {"subject": "s", "claim": "c", "observation": "o", "evidence": ["e"], "confidence": "low",
@@ -136,22 +107,12 @@ async def child(url: str, args: argparse.Namespace) -> dict[str, float]:
         routed = await route_pending(store, policy, NOW)
         if len(routed) != args.pending:
             raise RuntimeError(f"the router routed {len(routed)} signals, not the {args.pending} pending")
-        walls, cpu = [], 0.0
-        for i in range(args.calls + 2):
-            c0, t0 = time.process_time(), time.perf_counter()
-            found = await route_pending(store, policy, NOW)
-            t1, c1 = time.perf_counter(), time.process_time()
+
+        def none_left(found: Any) -> None:
             if found:
                 raise RuntimeError(f"the router found {len(found)} signals to route, where none was left")
-            if i >= 2:  # the first two warm the connection and the page cache
-                walls.append((t1 - t0) * 1000)
-                cpu += c1 - c0
-        walls.sort()
-        return {
-            "p50": statistics.median(walls),
-            "p99": walls[min(len(walls) - 1, round(0.99 * (len(walls) - 1)))],
-            "cpu": cpu * 1000 / args.calls,
-        }
+
+        return await ab.timed(args.calls, lambda: route_pending(store, policy, NOW), none_left)
     finally:
         await engine.dispose()
 

@@ -25,11 +25,10 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # Another tree's store (--baseline-source) imports that tree's code: this script runs again as a
@@ -95,69 +94,31 @@ def _rows(n: int, open_: int, sqlite: bool) -> tuple[Rows, Rows, Rows, Rows]:
 
 async def child(url: str, args: argparse.Namespace) -> dict[str, float]:
     """Fill a fresh database and time the hold checks (and the open listings) on the SOP."""
-    from gateway.db import make_engine, upgrade
     from memory.obligations import FindingsStore, holding_obligation
 
-    sqlite = url.startswith("sqlite")
-    engine = make_engine(url)
-    await upgrade(engine)
-    await engine.dispose()
-    signals, routings, obligations, dispositions = _rows(args.obligations, args.open, sqlite)
-    tables = (
+    signals, routings, obligations, dispositions = _rows(args.obligations, args.open, url.startswith("sqlite"))
+    tables = [
         ("intelligence_signals", SIGNAL_COLUMNS, signals),
         ("signal_routings", ROUTING_COLUMNS, routings),
         ("obligations", OBLIGATION_COLUMNS, obligations),
         ("obligation_dispositions", DISPOSITION_COLUMNS, dispositions),
-    )
-    if sqlite:
-        import sqlite3
-
-        conn = sqlite3.connect(url.split("///", 1)[1])
-        for table, columns, rows in tables:
-            conn.executemany(
-                f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({','.join('?' * len(columns))})", rows
-            )
-        conn.commit()
-        conn.close()
-        from gateway.sqlite_inline import make_inline_engine
-
-        engine = make_inline_engine(url)  # as the serving process's worker thread, where the runner asks, makes it
-    else:
-        import asyncpg
-
-        conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
-        try:
-            for table, columns, rows in tables:
-                await conn.copy_records_to_table(table, records=rows, columns=columns)
-            await conn.execute("VACUUM ANALYZE")  # what autovacuum does after a load (the whole database:
-            # the queues the triggers keep had most of their rows deleted by the later tables' inserts)
-        finally:
-            await conn.close()
-        engine = make_engine(url)
+    ]
+    # On SQLite the engine the serving process's worker thread, where the runner asks, makes.
+    engine = await ab.loaded(url, tables, inline=True)
     try:
         store = FindingsStore(engine, clock=lambda: NOW)
-        walls, cpu, lists = [], 0.0, []
-        for i in range(args.calls + 2):
-            c0, t0 = time.process_time(), time.perf_counter()
-            held = await holding_obligation(store, SOP)
-            t1, c1 = time.perf_counter(), time.process_time()
+
+        def free(held: Any) -> None:
             if held is not None:
                 raise RuntimeError(f"{held} holds {SOP}, where no open obligation blocks")
-            listed = await store.obligations()
-            t2 = time.perf_counter()
+
+        def all_open(listed: Any) -> None:
             if len(listed) != args.open:
                 raise RuntimeError(f"{len(listed)} open obligations listed, not {args.open}")
-            if i >= 2:  # the first two warm the connection and the page cache
-                walls.append((t1 - t0) * 1000)
-                cpu += c1 - c0
-                lists.append((t2 - t1) * 1000)
-        walls.sort()
-        return {
-            "p50": statistics.median(walls),
-            "p99": walls[min(len(walls) - 1, round(0.99 * (len(walls) - 1)))],
-            "cpu": cpu * 1000 / args.calls,
-            "list": statistics.median(lists),
-        }
+
+        hold = await ab.timed(args.calls, lambda: holding_obligation(store, SOP), free)
+        listing = await ab.timed(args.calls, store.obligations, all_open)
+        return {**hold, "list": listing["p50"]}
     finally:
         await engine.dispose()
 
