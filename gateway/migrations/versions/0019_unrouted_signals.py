@@ -21,6 +21,10 @@ depends_on = None
 # in the same transaction, whatever inserts them (an older gateway process during an upgrade, a
 # restore, a hand). The router reads the queue and costs what is waiting. The record tables stay
 # insert-only; the queue is not a record, and its rows come and go.
+#
+# A later migration that batch-alters intelligence_signals or signal_routings on SQLite makes these
+# triggers again after it: ``batch_alter_table`` copies the table, and its triggers go with the
+# old one. The tests that insert rows by SQL and expect the queue to follow would fail.
 ADD = "unrouted_signals_add"
 REMOVE = "unrouted_signals_remove"
 

@@ -27,6 +27,10 @@ TS = sa.DateTime(timezone=True)
 # (an older gateway process during an upgrade, a restore, a hand). ``ix_open_obligations_hold``
 # answers the hold check from the index alone. The record tables stay insert-only; the queue is not
 # a record, and its rows come and go.
+#
+# A later migration that batch-alters obligations or obligation_dispositions on SQLite makes these
+# triggers again after it: ``batch_alter_table`` copies the table, and its triggers go with the
+# old one. The tests that insert rows by SQL and expect the queue to follow would fail.
 ADD = "open_obligations_add"
 REMOVE = "open_obligations_remove"
 COLUMNS = "obligation_id, sop_name, blocks, opened_at"
