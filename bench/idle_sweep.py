@@ -8,7 +8,10 @@ fills a fresh database (migrated by Alembic) with ``--sessions`` sessions of
 ``--messages`` messages in all, each session's last ``--live`` messages live and the
 rest trimmed, ``--pending`` of the sessions with their live messages not yet extracted,
 then times ``IdleExtractor.quiet_sessions()`` ``--sweeps`` times: wall p50/p99 and CPU
-(the process's: SQLite runs inline on it) a sweep.
+(the process's: SQLite runs inline on it) a sweep. In trees since the twenty-eighth session the
+first sweep (untimed, with the warm-up) looks at every session, and the timed ones at the
+sessions with messages since the last sweep or still waiting; one sweep in 60 (every
+``FULL_SWEEP_S``, 10 minutes) looks at every session again, at about the tree before's cost.
 
 With ``--baseline-source DIR`` another tree does the same in the same run (each
 measurement a process of its own on a fresh database, the trees alternating, ``--runs``

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import gateway.idle as idle_module
 from gateway.app import Gateway
 from gateway.config import Config
 from gateway.idle import IdleExtractor
@@ -19,7 +21,7 @@ from gateway.models import Message, Session
 from gateway.sessions import SessionKey
 from gateway.turn import TurnRequest
 from pairing import Principal
-from tests.conftest import Clock, pg_rows_visited, pg_scans, query_plan
+from tests.conftest import Clock, captured_reads, explain_captured, pg_rows_visited, pg_scans, query_plan
 
 ROOM = SessionKey("api", "room-1")
 TEACH = "from now on the daily report uses table example_orders"
@@ -302,3 +304,93 @@ async def test_the_sweep_seeks_each_sessions_unextracted_messages_not_every_mess
         # and for the filter): a scan would read all 6,090.
         scans = pg_scans(plan, "messages")
         assert scans and pg_rows_visited(scans) <= 4 * sessions * live, plan
+
+
+async def _dormant_sessions(engine: AsyncEngine, clock: Clock, n: int) -> dict[str, int]:
+    """``n`` sessions of two messages each (ids 10s+1 and 10s+2), an hour old, all extracted: their marks."""
+    old = clock.now - timedelta(hours=1)
+    rows, marks = [], {}
+    for s in range(n):
+        for k in (1, 2):
+            rows.append(
+                {"id": 10 * s + k, "session_id": f"s_{s}", "platform_message_id": f"p{10 * s + k}",
+                 "speaker_user_id": "u_1", "stored_role": "user", "display_name": "Ann", "text": "hello",
+                 "said_at": old, "is_agent": k == 2, "created_at": old}
+            )  # fmt: skip
+        marks[f"s_{s}"] = 10 * s + 2
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(Session.__table__),
+            [
+                {"id": sid, "channel": "api", "conversation_id": sid, "thread_id": "", "previous_context": "",
+                 "created_at": old, "updated_at": old, "extracted_through": mark}
+                for sid, mark in marks.items()
+            ],
+        )  # fmt: skip
+        await conn.execute(insert(Message.__table__), rows)
+        if engine.dialect.name == "postgresql":
+            await conn.exec_driver_sql("ANALYZE sessions, messages")  # what autovacuum does after a load
+    return marks
+
+
+async def _say(engine: AsyncEngine, clock: Clock, session_id: str, message_id: int, *, ago_s: float = 3600) -> None:
+    """A person's message in ``session_id``, ``ago_s`` old (an hour: quiet long enough), with this id."""
+    old = clock.now - timedelta(seconds=ago_s)
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(Message.__table__).values(
+                id=message_id, session_id=session_id, platform_message_id=f"p{message_id}", speaker_user_id="u_1",
+                stored_role="user", display_name="Ann", text="from now on reports go out at nine", said_at=old,
+                is_agent=False, created_at=old,
+            )
+        )  # fmt: skip
+
+
+async def test_between_full_sweeps_a_sweep_looks_only_past_its_floor(engine: AsyncEngine, clock: Clock) -> None:
+    """Sessions accumulate (every conversation; each nameless request of the OpenAI-compatible endpoint),
+    and a sweep over all of them every 10 s cost 101 ms at 200,000. Between full sweeps a sweep looks at
+    the sessions with live messages past its floor: here one of 2,000."""
+    marks = await _dormant_sessions(engine, clock, 2000)
+    sweep = IdleExtractor(engine, idle_seconds=120, clock=clock)
+    assert await sweep.quiet_sessions() == []  # the first sweep looks at every session: nothing waits
+    await _say(engine, clock, "s_7", 20_001)  # a session quiet for long says something new
+    with captured_reads(engine, "messages") as reads:
+        found = await sweep.quiet_sessions()
+    assert found == [("s_7", marks["s_7"], 20_001)]
+    assert reads
+    for statement, params in reads:
+        plan = await explain_captured(engine, statement, params, analyze=True)
+        if engine.dialect.name == "sqlite":
+            # Sessions by primary key, messages past the floor by rowid or by session: no scan of either.
+            assert not any(line.startswith("SCAN ") and " CONSTANT ROW" not in line for line in plan.splitlines()), plan
+        else:
+            for table in ("sessions", "messages"):
+                scans = pg_scans(plan, table)
+                assert not any(n["Node Type"] == "Seq Scan" for n in scans), plan
+                assert pg_rows_visited(scans) <= 10, plan
+
+
+async def test_a_message_that_commits_below_the_floor_is_found_by_the_next_full_sweep(
+    engine: AsyncEngine, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL a message may commit after another that took a later id: below the floor, it waits for
+    the next sweep over every session (``FULL_SWEEP_S``), never for ever."""
+    marks = await _dormant_sessions(engine, clock, 10)
+    now = [1000.0]
+    monkeypatch.setattr(idle_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    sweep = IdleExtractor(engine, idle_seconds=120, clock=clock)
+    assert await sweep.quiet_sessions() == []  # a full sweep: its floor is the newest message, 92
+    await _say(engine, clock, "s_3", 35)  # its id taken before 92's, its commit after the sweep
+    assert await sweep.quiet_sessions() == []  # past the floor only: not seen yet
+    now[0] += idle_module.FULL_SWEEP_S
+    assert await sweep.quiet_sessions() == [("s_3", marks["s_3"], 35)]
+
+
+async def test_a_session_still_waiting_is_looked_at_until_it_is_quiet(engine: AsyncEngine, clock: Clock) -> None:
+    marks = await _dormant_sessions(engine, clock, 10)
+    sweep = IdleExtractor(engine, idle_seconds=120, clock=clock)
+    await _say(engine, clock, "s_4", 95, ago_s=0)  # just said: waiting, not yet quiet
+    assert await sweep.quiet_sessions() == []  # a full sweep
+    assert await sweep.quiet_sessions() == []  # nothing new since, and s_4 not quiet yet
+    clock.advance(seconds=121)
+    assert await sweep.quiet_sessions() == [("s_4", marks["s_4"], 95)]  # below the floor, still looked at
