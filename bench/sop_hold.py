@@ -37,30 +37,11 @@ sys.path.insert(0, os.environ.get("GOCLAW_BENCH_SOURCE") or str(ROOT))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 import ab
+from signal_routing import EVIDENCE, OBLIGATION_COLUMNS, ROUTING_COLUMNS, SIGNAL_COLUMNS  # the same tables' fill
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 SOP = "deploy"
-SIGNAL_COLUMNS = (
-    "id",
-    "sop_name",
-    "run_id",
-    "reporter",
-    "subject",
-    "claim",
-    "observation",
-    "rationale",
-    "evidence",
-    "confidence",
-    "reported_severity",
-    "affected_sops",
-    "observed_at",
-    "expires_at",
-    "recorded_at",
-)
-ROUTING_COLUMNS = ("signal_id", "routed_at", "severity", "outcome", "reason", "floors")
-OBLIGATION_COLUMNS = ("id", "signal_id", "sop_name", "severity", "blocks", "opened_at", "reason")
 DISPOSITION_COLUMNS = ("obligation_id", "disposition", "by_user_id", "by_role", "at", "rationale")
-EVIDENCE = json.dumps(["https://example.com/e"])
 AFFECTS = json.dumps([SOP])
 
 Rows = list[tuple[object, ...]]
