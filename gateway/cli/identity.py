@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.cli import ids
 from gateway.cli.common import ConfigOpt, JsonOpt
 from gateway.cli.common import guarded as common_guarded
-from memory.identity import IdentityStore, ProposalView, accept_proposal, authorize_decide, reject_proposal
+from memory.identity import LIST_LIMIT, IdentityStore, ProposalView, accept_proposal, authorize_decide, reject_proposal
 from memory.store import MemoryStore, MemoryStoreError
 from pairing.principal import Principal
 from pairing.store import PairingError, PairingStore
@@ -95,14 +95,24 @@ def identity_proposals(
     def body() -> None:
         from gateway.cli import print_json
 
-        async def action(_cfg: Any, engine: AsyncEngine) -> list[ProposalView]:
-            return await IdentityStore(engine).proposals(include_decided=show_all)
+        async def action(_cfg: Any, engine: AsyncEngine) -> tuple[list[ProposalView], int]:
+            store = IdentityStore(engine)
+            found = await store.proposals(include_decided=show_all, limit=LIST_LIMIT)
+            # A listing stops at its limit: how many there are in all, to say when only the oldest are shown.
+            total = await store.count(include_decided=show_all) if len(found) >= LIST_LIMIT else len(found)
+            return found, total
 
-        found = with_engine(config, action)
+        found, total = with_engine(config, action)
         if as_json:
             print_json([p.as_json() for p in found])
         else:
             _print_proposals(found)
+            if total > len(found):
+                from gateway.cli import out
+
+                rest = "" if show_all else "; decide these to see the rest"
+                which = "proposals" if show_all else "open proposals"
+                out.print(f"(the oldest {len(found)} of {total} {which}{rest})")
 
     guarded(body)
 

@@ -167,3 +167,24 @@ def test_bad_intelligence_config_names_the_key(tmp_path: Path) -> None:
     assert checked.returncode == 2
     assert "intelligence.floors.0.pattern" in checked.stderr and "not a valid regular expression" in checked.stderr
     assert "intelligence.resolvers.urgent" in checked.stderr
+
+
+def test_identity_proposals_says_when_it_shows_only_the_oldest(workdir: Path) -> None:
+    from tests.memory.conftest import bulk_proposals
+
+    async def fill() -> None:
+        from gateway.db import make_engine, upgrade
+
+        engine = make_engine(_url(workdir))
+        try:
+            await upgrade(engine)
+            await bulk_proposals(engine, 501, before=datetime.now(UTC), decided=False)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(fill())
+    shown = goclaw("identity", "proposals", cwd=workdir)
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "(the oldest 500 of 501 open proposals; decide these to see the rest)" in text
+    assert len(json.loads(goclaw("identity", "proposals", "--json", cwd=workdir).stdout)) == 500

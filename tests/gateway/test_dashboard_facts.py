@@ -117,6 +117,9 @@ async def test_every_open_proposal_is_counted_and_a_new_one_is_listed_after_hund
     await bulk_proposals(dash.gw.engine, 600, before=facts.identity.now(), decided=False)
     _, overview = await dash.get("/dashboard/")
     assert "601 identity proposal(s) await a decision" in overview
+    _, page = await dash.get("/dashboard/identity")  # the page lists the oldest 500 and says so
+    assert page.count('class="proposal" data-id=') == 500
+    assert "The oldest 500 of 601 open proposals: decide these to see the rest." in page
 
 
 async def test_rejected_proposals_stay_on_record_and_the_history_is_keyset_paged(dash: Dash) -> None:

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from gateway.web.dashboard import facts_queries
 from gateway.web.dashboard.base import DashError, act, action, field, gateway_of, page, render
-from memory.identity import accept_proposal, reject_proposal
+from memory.identity import LIST_LIMIT, accept_proposal, reject_proposal
 from pairing.principal import Principal
 
 if TYPE_CHECKING:
@@ -43,13 +43,22 @@ async def identity(request: web.Request) -> web.StreamResponse:
     current = [
         (rec, how.get(rec.id)) for scope in IDENTITY_SCOPES for rec in await gw.memory.store.list_records(scope=scope)
     ]
-    proposals = await facts.identity.proposals()
+    proposals = await facts.identity.proposals(limit=LIST_LIMIT)
+    # A listing stops at its limit: how many wait in all, so the page says when it shows only the oldest.
+    waiting = await facts.identity.count() if len(proposals) >= LIST_LIMIT else len(proposals)
     after = request.query.get("after")
     history = await facts_queries.decisions_page(gw.engine, after=after)
     return render(
         request,
         "identity.html",
-        {"title": "Identity", "current": current, "proposals": proposals, "history": history, "first": bool(after)},
+        {
+            "title": "Identity",
+            "current": current,
+            "proposals": proposals,
+            "waiting": waiting,
+            "history": history,
+            "first": bool(after),
+        },
     )
 
 
