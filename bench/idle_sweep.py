@@ -27,11 +27,10 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # Another tree's sweep (--baseline-source) imports that tree's gateway: this script runs again as a
@@ -93,58 +92,25 @@ def _rows(args: argparse.Namespace, sqlite: bool) -> tuple[list[tuple[object, ..
 
 async def child(url: str, args: argparse.Namespace) -> dict[str, float]:
     """Fill a fresh database and time the sweeps."""
-    from gateway.db import make_engine, upgrade
     from gateway.idle import IdleExtractor
 
-    sqlite = url.startswith("sqlite")
-    engine = make_engine(url)
-    await upgrade(engine)
-    await engine.dispose()
-    sessions, messages = _rows(args, sqlite)
-    session_cols = "id, channel, conversation_id, thread_id, parent_conversation_id, previous_context, "
-    session_cols += "created_at, updated_at, extracted_through"
-    if sqlite:
-        import sqlite3
-
-        conn = sqlite3.connect(url.split("///", 1)[1])
-        conn.executemany(f"INSERT INTO sessions ({session_cols}) VALUES ({','.join('?' * 9)})", sessions)
-        conn.executemany(
-            f"INSERT INTO messages ({', '.join(COLUMNS)}) VALUES ({','.join('?' * len(COLUMNS))})", messages
-        )
-        conn.commit()
-        conn.close()
-        from gateway.sqlite_inline import make_inline_engine
-
-        engine = make_inline_engine(url)  # as the job process, where the sweep runs, makes it
-    else:
-        import asyncpg
-
-        conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
-        try:
-            await conn.copy_records_to_table("sessions", records=sessions, columns=session_cols.split(", "))
-            await conn.copy_records_to_table("messages", records=messages, columns=COLUMNS)
-            await conn.execute("VACUUM ANALYZE sessions, messages")  # what autovacuum does after a load
-        finally:
-            await conn.close()
-        engine = make_engine(url)
+    sessions, messages = _rows(args, url.startswith("sqlite"))
+    session_cols = (
+        "id", "channel", "conversation_id", "thread_id", "parent_conversation_id", "previous_context",
+        "created_at", "updated_at", "extracted_through",
+    )  # fmt: skip
+    tables = [("sessions", session_cols, sessions), ("messages", COLUMNS, messages)]
+    # On SQLite the engine the job process, where the sweep runs, makes.
+    engine = await ab.loaded(url, tables, inline=True)
     try:
         sweep = IdleExtractor(engine, idle_seconds=120, clock=lambda: NOW)
-        walls, cpu = [], 0.0
-        for i in range(args.sweeps + 2):
-            c0, t0 = time.process_time(), time.perf_counter()
-            found = await sweep.quiet_sessions()
-            t1, c1 = time.perf_counter(), time.process_time()
-            if len(found) != min(args.pending, 100):
-                raise RuntimeError(f"the sweep found {len(found)} quiet sessions, not {min(args.pending, 100)}")
-            if i >= 2:  # the first two warm the connection and the page cache
-                walls.append((t1 - t0) * 1000)
-                cpu += c1 - c0
-        walls.sort()
-        return {
-            "p50": statistics.median(walls),
-            "p99": walls[min(len(walls) - 1, round(0.99 * (len(walls) - 1)))],
-            "cpu": cpu * 1000 / args.sweeps,
-        }
+        want = min(args.pending, 100)
+
+        def all_quiet(found: Any) -> None:
+            if len(found) != want:
+                raise RuntimeError(f"the sweep found {len(found)} quiet sessions, not {want}")
+
+        return await ab.timed(args.sweeps, sweep.quiet_sessions, all_quiet)
     finally:
         await engine.dispose()
 
