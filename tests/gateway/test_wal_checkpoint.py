@@ -340,9 +340,11 @@ async def test_while_no_job_process_runs_the_serving_process_copies_the_wal(tmp_
     _commit(writer, 40)
 
     def copied() -> int:
+        """Rows in the database file; 0 while not even the table is there, or while a checkpoint is
+        writing the file (read without its locks, a page copied halfway reads as malformed)."""
         try:
             return _in_database_file(db, "t")
-        except sqlite3.OperationalError:  # not even the table is in the database file yet
+        except sqlite3.DatabaseError:
             return 0
 
     assert copied() == 0  # all of it in the WAL still
@@ -353,11 +355,13 @@ async def test_while_no_job_process_runs_the_serving_process_copies_the_wal(tmp_
     jobs = JobProcess(str(tmp_path / "missing.yaml"), while_down=lambda: checkpoint_every(gw, CHECKPOINT_S))
     await jobs.start()
     try:
+        got = 0
         for _ in range(600):  # up to a minute: the child exits, then the first tick of the cover copies
             await asyncio.sleep(0.1)
-            if copied() == 40:
+            got = copied()
+            if got == 40:
                 break
-        assert copied() == 40, "nothing copied the WAL while the job process was down"
+        assert got == 40, "nothing copied the WAL while the job process was down"
     finally:
         await jobs.stop()
     writer.close()
