@@ -291,3 +291,36 @@ async def test_the_same_fact_said_again_is_not_a_new_value(writer: MemoryWriter)
     assert (await writer.write(BOB, "agent_notes", "relearn", subject="s", content="fact", said_at=T0)).duplicate
     up = await writer.write(ALICE, "agent_notes", "live", subject="s", content="fact", said_at=T0)
     assert up.written and up.record and up.record.status == "live"
+
+
+async def test_live_notes_reads_the_same_on_the_driver_as_through_sqlalchemy(
+    writer: MemoryWriter, engine: AsyncEngine, clock: Clock
+) -> None:
+    """Consolidation reads every current note on each run: the driver's read answers what SQLAlchemy's does.
+
+    Current notes only (not expired, not retired, not personal), newest first with ties by id,
+    every field decoded the same (times, evidence, citations, scoped SOPs), the limit honoured.
+    """
+    store = writer.store
+    assert store._raw is not None  # the fixture's store reads on the driver, as the gateway's does
+    through_sqlalchemy = MemoryStore(engine, clock=clock)
+    day = timedelta(days=1)
+    for i in range(6):
+        await writer.write(
+            ALICE, "agent_notes", "live", subject=f"procedure {i}", content=f"Run step {i} from example_{i}",
+            said_at=T0 + timedelta(minutes=i % 3), session_id="s_1", evidence=[f"msg-{i}"],
+            review_by=None if i == 0 else clock.now + (day * 30 if i != 4 else day), citations=["the runbook"],
+            applies_to=["daily-report"] if i == 2 else (),
+        )  # fmt: skip
+    old = await writer.write(ALICE, "agent_notes", "live", subject="procedure 5", content="Run it", said_at=T0)
+    await writer.write(BOB, "personal", "live", subject="lunch", content="Bob likes soup", said_at=T0)
+    assert old.record is not None and old.record.status == "superseded"  # said before the live one: not current
+    clock.advance(days=2)  # note 4 is past its review-by date now
+
+    on_driver = await store.live_notes()
+    assert on_driver == await through_sqlalchemy.live_notes()
+    assert {n.subject for n in on_driver} == {f"procedure {i}" for i in (0, 1, 2, 3, 5)}
+    assert on_driver == sorted(on_driver, key=lambda n: (-n.said_at.timestamp(), n.id))
+    assert all(n.said_at.tzinfo is not None for n in on_driver)
+    assert next(n for n in on_driver if n.subject == "procedure 2").applies_to == ("daily-report",)
+    assert await store.live_notes(limit=2) == on_driver[:2] == await through_sqlalchemy.live_notes(limit=2)
