@@ -293,7 +293,7 @@ async def test_the_same_fact_said_again_is_not_a_new_value(writer: MemoryWriter)
     assert up.written and up.record and up.record.status == "live"
 
 
-async def test_live_notes_reads_the_same_on_the_driver_as_through_sqlalchemy(
+async def test_whole_record_reads_answer_the_same_on_the_driver_as_through_sqlalchemy(
     writer: MemoryWriter, engine: AsyncEngine, clock: Clock
 ) -> None:
     """Consolidation reads every current note on each run: the driver's read answers what SQLAlchemy's does.
@@ -324,3 +324,6 @@ async def test_live_notes_reads_the_same_on_the_driver_as_through_sqlalchemy(
     assert all(n.said_at.tzinfo is not None for n in on_driver)
     assert next(n for n in on_driver if n.subject == "procedure 2").applies_to == ("daily-report",)
     assert await store.live_notes(limit=2) == on_driver[:2] == await through_sqlalchemy.live_notes(limit=2)
+    # Belief revision's read of a person's records, on each personal write, the same way.
+    assert [r.content for r in await store.personal_for("u_bob")] == ["Bob likes soup"]
+    assert await store.personal_for("u_bob") == await through_sqlalchemy.personal_for("u_bob")

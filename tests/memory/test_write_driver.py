@@ -166,6 +166,7 @@ async def test_the_write_path_does_not_go_through_sqlalchemy_on_sqlite(tmp_path:
         assert note.record is not None
         found = await store.prompt_candidates(user_id=None, query_terms=terms("example_orders"), now=clock.now)
         assert [v.id for v, _score in found.matched_notes] == [note.record.id]
+        assert await store.get(note.record.id) is not None  # a read through SQLAlchemy (the check below)
     finally:
         await engine.dispose()
     written = [s for s in through_sqlalchemy if s.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))]
