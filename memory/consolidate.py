@@ -36,12 +36,12 @@ ignored and logged; nothing is retired for it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from memory.belief_revision import load_json_answer
@@ -220,15 +220,17 @@ class _Union:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
-@lru_cache(maxsize=65_536)
-def _words(subject: str, content: str) -> frozenset[str]:
-    # Interned: the notes share their words, and each kept set of fresh strings held its own copies.
-    return frozenset(map(sys.intern, note_terms(subject, content)))
+def _words(subject: str, content: str) -> tuple[str, ...]:
+    # Interned: the notes share their words, and each kept tuple of fresh strings held its own copies.
+    # A tuple, not a set: the collector stops tracking a tuple of strings, and keeps walking every
+    # set; the memo keeps one for every live note in the serving process.
+    return tuple(map(sys.intern, note_terms(subject, content)))
 
 
-@lru_cache(maxsize=65_536)
-def _same_key(content: str) -> str:
-    return same_note_key(content)
+def _same_digest(key: str) -> bytes:
+    # Identical notes are found by equal keys: 16 bytes of digest compare as the key does, where a
+    # note's key is about as long as the note.
+    return hashlib.blake2b(key.encode(), digest_size=16).digest()
 
 
 @dataclass(slots=True)
@@ -237,11 +239,19 @@ class PairMemo:
 
     Notes never change (append-only), so two notes compared once need not be
     compared again: a run over a large, settled store then compares only the
-    notes new to it.
+    notes new to it. For the same reason a note's words and its same-note key
+    are worked out once, and kept (for the notes of the last call only) by the
+    note's id, which ``compared`` holds anyway.
     """
 
     compared: set[str] = field(default_factory=set)
     alike: dict[tuple[str, str], float] = field(default_factory=dict)
+    words: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Note id -> its distinct words (:func:`memory.store.note_terms`), interned."""
+    same: dict[str, bytes] = field(default_factory=dict)
+    """Note id -> the digest of its same-note key (:func:`memory.rules.same_note_key`), when it has one."""
+    keys: dict[str, str] = field(default_factory=dict)
+    """Note id -> its same-note key, for the notes in a group only (members are shown in its order)."""
 
 
 def cluster_by_words(
@@ -266,7 +276,22 @@ def cluster_by_words(
     if len(records) < 2:
         return []
     by_id = {r.id: r for r in records}
-    words = {r.id: _words(r.subject, r.content) for r in records}
+    known_words = memo.words if memo is not None else {}
+    known_same = memo.same if memo is not None else {}
+    words: dict[str, tuple[str, ...]] = {}
+    digests: dict[str, bytes] = {}
+    fresh_keys: dict[str, str] = {}
+    for r in records:
+        rid = r.id
+        ws = known_words.get(rid)
+        if ws is None:
+            ws = _words(r.subject, r.content)
+            key = fresh_keys[rid] = same_note_key(r.content)
+            if key:
+                digests[rid] = _same_digest(key)
+        elif rid in known_same:
+            digests[rid] = known_same[rid]
+        words[rid] = ws
     union = _Union()
     score: dict[str, float] = {}
 
@@ -275,11 +300,9 @@ def cluster_by_words(
         score[a] = max(score.get(a, 0.0), s)
         score[b] = max(score.get(b, 0.0), s)
 
-    same: dict[str, list[str]] = defaultdict(list)
-    for r in records:
-        key = _same_key(r.content)
-        if key:
-            same[key].append(r.id)
+    same: dict[bytes, list[str]] = defaultdict(list)
+    for rid, digest in digests.items():
+        same[digest].append(rid)
     for ids in same.values():
         for other in ids[1:]:
             join(ids[0], other, 1.0)
@@ -294,6 +317,9 @@ def cluster_by_words(
     alike: dict[tuple[str, str], float] = {}
     if memo is not None:
         alike = {p: v for p, v in memo.alike.items() if p[0] in words and p[1] in words}
+    # The words as sets, for this call only and only for the notes it compares: two sets intersect
+    # in about 60% of the time a set and a tuple take, and a first run compares millions of pairs.
+    sets: dict[str, frozenset[str]] = {}
     for rid, ws in words.items():
         rare = sorted((w for w in ws if 2 <= df[w] <= _MAX_DF), key=lambda w: (df[w], w))[:_RARE_WORDS]
         near: set[str] = set()
@@ -302,27 +328,41 @@ def cluster_by_words(
         near.discard(rid)
         if rid in before:
             near.difference_update(before)
+        if not near:
+            continue
+        mine = sets.get(rid)
+        if mine is None:
+            mine = sets[rid] = frozenset(ws)
         size = len(ws)
         for other in near:
-            theirs = words[other]
-            shared = len(ws & theirs)
+            theirs = sets.get(other)
+            if theirs is None:
+                theirs = sets[other] = frozenset(words[other])
+            shared = len(mine & theirs)
             # Jaccard overlap, the union counted rather than built (this loop is the clustering's cost).
             overlap = shared / (size + len(theirs) - shared)
             if overlap >= _MIN_OVERLAP:
                 alike[(rid, other) if rid < other else (other, rid)] = overlap
     for (a, b), overlap in alike.items():
         join(a, b, overlap)
-    if memo is not None:
-        memo.compared = set(words)
-        memo.alike = alike
-
     groups: dict[str, list[str]] = defaultdict(list)
     for rid in words:
         if rid in score:
             groups[union.find(rid)].append(rid)
+    known_keys = memo.keys if memo is not None else {}
+    keys = {
+        rid: fresh_keys[rid] if rid in fresh_keys else known_keys.get(rid) or same_note_key(by_id[rid].content)
+        for rid in score
+    }
+    if memo is not None:
+        memo.compared = set(words)
+        memo.alike = alike
+        memo.words = words
+        memo.same = digests
+        memo.keys = keys
     clusters: list[tuple[float, str, list[MemoryRecordView]]] = []
     for root, ids in groups.items():
-        members = sorted((by_id[i] for i in ids), key=lambda r: (_same_key(r.content), r.said_at, r.id))
+        members = sorted((by_id[i] for i in ids), key=lambda r: (keys[r.id], r.said_at, r.id))
         best = max(score[i] for i in ids)
         for start in range(0, len(members), batch_size):
             chunk = members[start : start + batch_size]
