@@ -58,6 +58,8 @@ sys.path.insert(0, os.environ.get("GOCLAW_BENCH_SOURCE") or str(Path(__file__).r
 
 import memory.consolidate
 from gateway.db import make_engine, upgrade
+from gateway.hotstore import hot_store
+from gateway.sqlite_inline import make_inline_engine
 from memory.consolidate import BATCH_SIZE, MAX_CALLS, Consolidator
 from memory.models import MemoryRecord, MemoryTerm
 from memory.rules import builtin_consolidation_result
@@ -196,7 +198,12 @@ async def main(notes: int, dup_rate: float, seed: int, url: str | None, settled:
         t0 = time.perf_counter()
         n_dups = await fill(engine, notes, dup_rate, rng)
         print(f"filled {notes} notes ({n_dups} repeats) in {time.perf_counter() - t0:.1f} s")
-        store = MemoryStore(engine, clock=lambda: NOW)
+        # As the worker thread that runs consolidation in `goclaw serve` makes its store: on SQLite
+        # the inline driver's engine, and the hot store's raw reads (gateway/memory_glue.py).
+        work_engine = (
+            make_inline_engine(engine.url.render_as_string(False)) if engine.dialect.name == "sqlite" else engine
+        )
+        store = MemoryStore(work_engine, clock=lambda: NOW, raw=hot_store(work_engine))
         model = CountingModel()
         consolidator = Consolidator(MemoryWriter(store), model, model_name="builtin-offline")
         cron = Principal.system("cron-system")
@@ -246,6 +253,8 @@ async def main(notes: int, dup_rate: float, seed: int, url: str | None, settled:
         if memory:
             _memory_report(consolidator)
             tracemalloc.stop()
+        if work_engine is not engine:
+            await work_engine.dispose()
         await engine.dispose()
 
 
