@@ -263,3 +263,39 @@ def test_clusters_put_notes_that_share_words_together() -> None:
     assert [sorted(r.id for r in c) for c in clusters] == [["a", "c"], ["b", "e"]]
     assert [len(b) for b in pack(clusters, batch_size=3)] == [2, 2]
     assert [len(b) for b in pack(clusters, batch_size=40)] == [4]
+
+
+async def test_a_run_over_a_settled_store_reads_only_the_ids_until_a_note_is_said(
+    writer: MemoryWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The automatic distillation, every 5 minutes, nearly always finds nothing new: it does not read every note again.
+
+    A note said meanwhile (here the repeat of another) is read, clustered and merged at the next run.
+    """
+    vpn = await add_note(writer, "vpn", "The VPN lives on vpn.example.internal", 0)
+    await add_note(writer, "vpn backup", "The backup VPN lives on vpn2.example.internal", 1)
+    store = writer.store
+    reads: list[int] = []
+    whole = store.live_notes
+
+    async def counted(**kw: Any) -> list[MemoryRecordView]:
+        found = await whole(**kw)
+        reads.append(len(found))
+        return found
+
+    monkeypatch.setattr(store, "live_notes", counted)
+    model = Model()  # the builtin: it merges only notes that say the same
+    consolidator = Consolidator(writer, model, model_name="m")
+    first = await consolidator.run(CRON)
+    assert (first.model_calls, first.merged, reads) == (1, [], [2])
+    for _ in range(3):
+        settled = await consolidator.run(CRON)
+        assert (settled.model_calls, settled.skipped_looked_at) == (0, 2)
+    assert reads == [2]  # the settled runs read the notes' ids, not the notes
+
+    again = await add_note(writer, "vpn said again", "the VPN lives on vpn.example.internal!", 2)
+    merged = await consolidator.run(CRON)
+    assert reads == [2, 3]
+    assert merged.model_calls == 1 and len(merged.merged) == 1
+    assert set(merged.merged[0][1]) == {vpn, again}
+    assert len(await whole()) == 2  # the merged note and the backup VPN's
