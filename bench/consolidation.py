@@ -30,8 +30,9 @@ with everything consolidation keeps, then after emptying the ``lru_cache``\ s of
 differences are what each kept. Also counts the tracked containers among the
 cached values.
 
-Another tree's code: ``GOCLAW_BENCH_SOURCE=DIR`` (the same script, that tree's
-``memory.consolidate``).
+The store is built as ``goclaw serve``'s worker thread builds it (on SQLite the inline
+engine, with the hot store's raw reads). Another tree's code: ``GOCLAW_BENCH_SOURCE=DIR``
+(the same script, that tree's ``memory`` and ``gateway`` packages).
 
 Usage: .venv/bin/python bench/consolidation.py [--notes N] [--dup-rate F] [--seed N] [--url URL]
        [--settled N] [--memory]
