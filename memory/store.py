@@ -492,7 +492,6 @@ def _candidates_statement(with_words: bool, with_user: bool) -> Any:
     return union_all(*(select(p.subquery()) for p in parts))
 
 
-@lru_cache(maxsize=1)
 @lru_cache(maxsize=2)
 def _live_notes_statement(ids_only: bool = False) -> Any:
     """``MemoryStore.live_notes`` (or only their ids): current operational notes, newest first (``now``, ``limit``)."""
@@ -506,6 +505,7 @@ def _live_notes_statement(ids_only: bool = False) -> Any:
     )
 
 
+@lru_cache(maxsize=1)
 def _records_statement() -> Any:
     """Whole records by id (``ids`` is an expanding bind parameter)."""
     return select(MemoryRecord.__table__).where(R.id.in_(bindparam("ids", expanding=True)))
