@@ -1540,6 +1540,32 @@ class MemoryStore:
         async with self._read() as conn:
             return [_rev_view(r) for r in await conn.execute(q)]
 
+    async def records_by_id(self, ids: Sequence[str]) -> list[MemoryRecordView]:
+        """The records with these ids, whatever their status, in no particular order (unknown ids: none)."""
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            return []
+        if self._raw is not None:
+            return await self._raw_records(ids)
+        out: list[MemoryRecordView] = []
+        async with self._read() as conn:
+            for start in range(0, len(ids), _ID_BUCKETS[-1]):
+                found = await conn.execute(_records_statement(), {"ids": ids[start : start + _ID_BUCKETS[-1]]})
+                out.extend(_view(r) for r in found)
+        return out
+
+    async def _raw_records(self, ids: Sequence[str]) -> list[MemoryRecordView]:
+        """Whole records by id on the raw driver, a few statement shapes (``_ID_BUCKETS``) for any number of ids."""
+        assert self._raw is not None
+        out: list[MemoryRecordView] = []
+        for start in range(0, len(ids), _ID_BUCKETS[-1]):
+            chunk = list(ids[start : start + _ID_BUCKETS[-1]])
+            size = next(b for b in _ID_BUCKETS if b >= len(chunk))
+            sql = _records_sql(self._engine.dialect, size)
+            fetched = await self._raw.select(sql, chunk + [chunk[-1]] * (size - len(chunk)), _RECORD_KINDS)
+            out.extend(_row_view(r) for r in fetched)
+        return out
+
     async def _candidate_rows(
         self, with_words: bool, with_user: bool, n_words: int, params: dict[str, Any]
     ) -> list[tuple[MemoryRecordView, float, str]]:
@@ -1560,13 +1586,7 @@ class MemoryStore:
             sql, names, fixed = _candidates_sql(self._engine.dialect, with_words, with_user, n_words)
             values = fixed | params | {f"words_{i}": w for i, w in enumerate(params.get("words", ()), 1)}
             rows = await self._raw.select(sql, [values[n] for n in names], _CANDIDATE_KINDS)
-            missing = self._missing(rows)
-            for start in range(0, len(missing), _ID_BUCKETS[-1]):
-                ids = missing[start : start + _ID_BUCKETS[-1]]
-                size = next(b for b in _ID_BUCKETS if b >= len(ids))
-                sql = _records_sql(self._engine.dialect, size)
-                fetched = await self._raw.select(sql, ids + [ids[-1]] * (size - len(ids)), _RECORD_KINDS)
-                self._keep(_row_view(r) for r in fetched)
+            self._keep(await self._raw_records(self._missing(rows)))
         out = []
         for rid, status, superseded_by, score, part in rows:
             view = self._views.get(rid)

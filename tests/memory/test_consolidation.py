@@ -265,37 +265,47 @@ def test_clusters_put_notes_that_share_words_together() -> None:
     assert [len(b) for b in pack(clusters, batch_size=40)] == [4]
 
 
-async def test_a_run_over_a_settled_store_reads_only_the_ids_until_a_note_is_said(
+async def test_a_run_reads_only_the_ids_of_a_settled_store_and_only_new_notes_and_their_group_after(
     writer: MemoryWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The automatic distillation, every 5 minutes, nearly always finds nothing new: it does not read every note again.
+    """The automatic distillation, every 5 minutes, reads what changed, not every note again.
 
-    A note said meanwhile (here the repeat of another) is read, clustered and merged at the next run.
+    Over a settled store a run reads the notes' ids only. After a note is said (here the repeat
+    of another), it reads that note and the notes grouped with it, and merges them.
     """
-    vpn = await add_note(writer, "vpn", "The VPN lives on vpn.example.internal", 0)
-    await add_note(writer, "vpn backup", "The backup VPN lives on vpn2.example.internal", 1)
+    first_id = ""
+    for i in range(40):  # no two share a word: nothing to merge
+        nid = await add_note(writer, f"topic {i}", " ".join(f"w{i}x{j}" for j in range(6)) + ".", i)
+        first_id = first_id or nid
     store = writer.store
     reads: list[int] = []
-    whole = store.live_notes
+    whole, by_id = store.live_notes, store.records_by_id
 
-    async def counted(**kw: Any) -> list[MemoryRecordView]:
+    async def all_read(**kw: Any) -> list[MemoryRecordView]:
         found = await whole(**kw)
         reads.append(len(found))
         return found
 
-    monkeypatch.setattr(store, "live_notes", counted)
+    async def some_read(ids: Any) -> list[MemoryRecordView]:
+        found = await by_id(ids)
+        reads.append(len(found))
+        return found
+
+    monkeypatch.setattr(store, "live_notes", all_read)
+    monkeypatch.setattr(store, "records_by_id", some_read)
     model = Model()  # the builtin: it merges only notes that say the same
     consolidator = Consolidator(writer, model, model_name="m")
     first = await consolidator.run(CRON)
-    assert (first.model_calls, first.merged, reads) == (1, [], [2])
+    assert (first.model_calls, reads) == (0, [40])  # a first run reads every note once
     for _ in range(3):
-        settled = await consolidator.run(CRON)
-        assert (settled.model_calls, settled.skipped_looked_at) == (0, 2)
-    assert reads == [2]  # the settled runs read the notes' ids, not the notes
+        assert (await consolidator.run(CRON)).model_calls == 0
+    assert reads == [40]  # the settled runs read the notes' ids, not the notes
 
-    again = await add_note(writer, "vpn said again", "the VPN lives on vpn.example.internal!", 2)
+    again = await add_note(writer, "topic 0 again", "W0X0 w0x1 w0x2 w0x3 w0x4 w0x5!", 50)
     merged = await consolidator.run(CRON)
-    assert reads == [2, 3]
+    assert reads == [40, 1, 1]  # the new note, then the one it is grouped with
     assert merged.model_calls == 1 and len(merged.merged) == 1
-    assert set(merged.merged[0][1]) == {vpn, again}
-    assert len(await whole()) == 2  # the merged note and the backup VPN's
+    assert set(merged.merged[0][1]) == {first_id, again}
+    assert len(await whole()) == 40  # 39 untouched and the merged note
+    fresh = Consolidator(writer, Model(), model_name="m")
+    assert (await fresh.run(CRON)).model_calls == 0  # a restart's full read finds nothing more to merge
