@@ -1511,9 +1511,7 @@ class MemoryStore:
         if self._raw is None:
             async with self._read() as conn:
                 return list((await conn.execute(_live_notes_statement(True), params)).scalars())
-        compiled = _driver_sql(self._engine.dialect, _live_notes_statement(True), params)
-        values = compiled.fixed | params
-        return [r[0] for r in await self._raw.select(compiled.sql, [values[n] for n in compiled.names], (None,))]
+        return [r[0] for r in await self._raw_select(_live_notes_statement(True), params, (None,))]
 
     async def personal_for(self, user_id: str, *, limit: int = 500) -> list[MemoryRecordView]:
         """One person's live personal records, newest first (belief revision's candidates for a personal write)."""
@@ -1524,10 +1522,16 @@ class MemoryStore:
         if self._raw is None:
             async with self._read() as conn:
                 return [_view(r) for r in await conn.execute(statement, params)]
+        return [_row_view(r) for r in await self._raw_select(statement, params, _RECORD_KINDS)]
+
+    async def _raw_select(
+        self, statement: Any, params: Mapping[str, Any], kinds: Sequence[str | None]
+    ) -> list[tuple[Any, ...]]:
+        """``statement`` on the raw driver, compiled once per shape (``_driver_sql``), values decoded by ``kinds``."""
+        assert self._raw is not None
         compiled = _driver_sql(self._engine.dialect, statement, params)
         values = compiled.fixed | dict(params)
-        rows = await self._raw.select(compiled.sql, [values[n] for n in compiled.names], _RECORD_KINDS)
-        return [_row_view(r) for r in rows]
+        return await self._raw.select(compiled.sql, [values[n] for n in compiled.names], kinds)
 
     async def revisions_for(self, record_id: str) -> list[RevisionView]:
         """Every revision row that retired this record or was retired by it, oldest first."""
