@@ -6,12 +6,12 @@ automatic distillation) and the SOP scheduler. None of it belongs on the loop
 that answers turns: a slow extraction model or a 20 ms job would add to a turn's
 latency.
 
-- ``worker.mode: inline`` (the default): ``goclaw serve`` runs the jobs and the
-  idle sweep in a child process of its own (``gateway/jobproc.py``), which shares
-  no GIL with the turns, and the rest in :class:`WorkerThread`, a thread with its own event
-  loop and its own :class:`~gateway.app.Gateway` (engine, stores, model client),
-  so that an SOP run delivers through this process's channels. The turns' loop
-  only wakes them.
+- ``worker.mode: inline`` (the default): ``goclaw serve`` runs the jobs, the idle
+  sweep and consolidation in a child process of its own (``gateway/jobproc.py``),
+  which shares no GIL with the turns, and the SOP schedules in
+  :class:`WorkerThread`, a thread with its own event loop and its own
+  :class:`~gateway.app.Gateway` (engine, stores, model client), so that an SOP run
+  delivers through this process's channels. The turns' loop only wakes them.
 - ``worker.mode: separate`` (PostgreSQL): ``goclaw serve`` runs none of it and
   ``goclaw worker`` (:func:`run_worker_forever`) does, in its own process.
   ``goclaw serve --workers N`` with ``inline`` starts one such process itself.
@@ -21,15 +21,18 @@ share them. The scheduler-type work (idle sweep, consolidation, SOP schedules)
 runs in one place at a time: on PostgreSQL the worker that holds the session
 advisory lock :data:`SINGLETON_LOCK_KEY` runs it, and another worker takes over
 when that one's connection ends (its process died). Each of those is also safe
-on its own (consolidation's own advisory lock, the SOP run row as the claim,
+on its own (consolidation's own lock, the SOP run row as the claim,
 the idle mark moved compare-and-set); the lock keeps them from being raced for.
 
-With a job process (``worker.mode: inline``) the idle sweep runs there, beside
-the jobs it writes, and not on the worker thread: its look for quiet sessions
-reads every live message (10-30 ms of Python and SQLite with 10,000 stored), and
-on a thread of the serving process that time held the GIL the turns' loop
-needed, every ten seconds. On PostgreSQL the job process that holds
-:data:`IDLE_LOCK_KEY` sweeps.
+With a job process (``worker.mode: inline``) the idle sweep and consolidation run
+there, and not on the worker thread. The sweep's look for quiet sessions reads
+every live message (10-30 ms of Python and SQLite with 10,000 stored); a
+consolidation run clusters every current operational note (a second or more of
+Python at tens of thousands of notes, about 10 s for the first run after a start
+at 65,536). On a thread of the serving process that time held the GIL the turns'
+loop needed. On PostgreSQL the job process that holds :data:`IDLE_LOCK_KEY` runs
+them; on SQLite consolidation's file lock (``gateway/scheduler.py``) keeps
+``notes_distill``, asked in the serving process, from running beside it.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ SINGLETON_LOCK_KEY = int.from_bytes(hashlib.sha256(b"goclaw:scheduler-singleton"
 """The PostgreSQL advisory lock of the scheduler-type work (one worker at a time)."""
 
 IDLE_LOCK_KEY = int.from_bytes(hashlib.sha256(b"goclaw:idle-sweep-singleton").digest()[:8], "big", signed=True)
-"""The PostgreSQL advisory lock of the idle sweep where a job process runs it apart from the rest (one at a time)."""
+"""The PostgreSQL advisory lock of the job processes' share, the idle sweep and consolidation (one at a time)."""
 
 LEADER_RETRY_S = 5.0
 
@@ -73,8 +76,9 @@ class Background:
         retry_s: How often a worker without the lock tries to take it, and checks it still holds it.
         jobs: Run the job worker (False: the job process, ``gateway/jobproc.py``, runs the jobs).
         idle: Run the idle sweep (False: the job process runs it).
-        scheduled: Run the memory scheduler and the SOP scheduler (False: the job process's
-            idle sweep alone, under :data:`IDLE_LOCK_KEY` on PostgreSQL).
+        consolidation: Run the memory scheduler (False: the job process runs it).
+        sops: Run the SOP scheduler (False: this is a job process, whose share, the idle sweep
+            and consolidation, runs under :data:`IDLE_LOCK_KEY` on PostgreSQL).
     """
 
     def __init__(
@@ -84,22 +88,31 @@ class Background:
         retry_s: float = LEADER_RETRY_S,
         jobs: bool = True,
         idle: bool = True,
-        scheduled: bool = True,
+        consolidation: bool = True,
+        sops: bool = True,
     ) -> None:
         self.gw = gw
         self.retry_s = retry_s
         self.jobs = jobs
         self.idle = idle
-        self.scheduled = scheduled
-        self.lock_key = SINGLETON_LOCK_KEY if scheduled else IDLE_LOCK_KEY
+        self.consolidation = consolidation
+        self.sops = sops
+        self.lock_key = SINGLETON_LOCK_KEY if sops else IDLE_LOCK_KEY
         self.leading = False
         self._task: asyncio.Task[None] | None = None
 
     def _work(self) -> str:
         """What this runs while it holds its lock, for the log."""
-        if not self.scheduled:
-            return "the idle extraction sweep"
-        return f"the scheduled work ({'idle extraction, ' if self.idle else ''}consolidation, SOP schedules)"
+        parts = [
+            name
+            for name, on in (
+                ("idle extraction", self.idle),
+                ("consolidation", self.consolidation),
+                ("SOP schedules", self.sops),
+            )
+            if on
+        ]
+        return f"the scheduled work ({', '.join(parts) or 'none'})"
 
     async def start(self) -> None:
         """Start the job worker (unless another process runs the jobs), and the loop that holds the scheduler lock."""
@@ -119,16 +132,18 @@ class Background:
         self.leading = True
         if self.idle:
             await self.gw.idle.start()
-        if self.scheduled:
+        if self.consolidation:
             await self.gw.memory.scheduler.start()
+        if self.sops:
             await self.gw.automation.start()
 
     async def _stop_singletons(self) -> None:
         if not self.leading:
             return
         self.leading = False
-        if self.scheduled:
+        if self.sops:
             await self.gw.automation.stop()
+        if self.consolidation:
             await self.gw.memory.scheduler.stop()
         if self.idle:
             await self.gw.idle.stop()
@@ -136,13 +151,14 @@ class Background:
     async def _lead(self) -> None:
         engine = self.gw.engine
         if engine.dialect.name != "postgresql":
+            log.info("this %s runs %s", "worker" if self.sops else "job process", self._work())
             await self._start_singletons()  # SQLite: one gateway, one worker
             return
         while True:
             try:
                 async with engine.connect() as conn:
                     if await self._try_lock(conn, self.lock_key):
-                        log.info("this %s runs %s", "worker" if self.scheduled else "job process", self._work())
+                        log.info("this %s runs %s", "worker" if self.sops else "job process", self._work())
                         await self._start_singletons()
                         try:
                             while True:  # a dead connection means the lock is gone too
@@ -186,9 +202,10 @@ async def _start_worker_gateway(
         gw.metrics = metrics  # the serving process's /metrics shows the jobs too
     await gw.start(channels=False, worker=False)
     # With a job process, what this gateway queues (an SOP run's trim) wakes that process, which runs the
-    # jobs and the idle sweep.
+    # jobs, the idle sweep and consolidation.
     gw.wake_remote_worker = wake_jobs
-    bg = Background(gw, jobs=wake_jobs is None, idle=wake_jobs is None)
+    alone = wake_jobs is None
+    bg = Background(gw, jobs=alone, idle=alone, consolidation=alone)
     await bg.start()
     return gw, bg
 

@@ -1,11 +1,14 @@
 """The job process: ``goclaw serve``'s durable jobs (extraction, belief revision's judge) in a child process.
 
 With ``worker.mode: inline``, ``goclaw serve`` runs its background work itself.
-The jobs run here, in a process of their own, and so does the idle sweep that
-writes extraction jobs for quiet sessions (on PostgreSQL, in the one job process
-that holds its advisory lock). The other scheduler-type work (consolidation, SOP
-schedules, whose runs deliver through the serving process's channels) stays on
-the worker thread (``gateway/background.py``). A
+The jobs run here, in a process of their own, and so do the idle sweep that
+writes extraction jobs for quiet sessions and memory consolidation (the nightly
+run and the automatic distillation; on PostgreSQL, in the one job process that
+holds their advisory lock). The SOP schedules, whose runs deliver through the
+serving process's channels, stay on the worker thread (``gateway/background.py``).
+A consolidation run clusters every current operational note: about 10 s of
+Python for the first run after a start at 65,536 notes, 0.2-2.5 s after; on the
+worker thread that time held the GIL the turns' loop needed. A
 job is CPU work in Python (an extraction job writing its summary is about 5 ms);
 on a thread of the serving process it held the GIL the turns' loop needed after
 each inline SQLite call, and a turn that met a job waited for it: on SQLite
@@ -176,7 +179,10 @@ class JobProcess:
         self._sock, self._pending = parent, b""
         assert self._loop is not None
         self._loop.add_reader(parent, self._readable)
-        log.info("job process started (pid %s): extraction and revision jobs run there", self.pid)
+        log.info(
+            "job process started (pid %s): extraction and revision jobs, the idle sweep and consolidation run there",
+            self.pid,
+        )
 
     def _close_socket(self) -> None:
         sock, self._sock = self._sock, None
@@ -287,9 +293,10 @@ async def run_job_process(cfg: Config, fd: int) -> None:
         if gw.engine.dialect.name == "sqlite"
         else None
     )
-    # The idle sweep, beside the jobs it writes (its on_job wakes this process's worker): on the serving
-    # process's worker thread its look for quiet sessions held the GIL the turns needed (gateway/background.py).
-    sweep = Background(gw, jobs=False, scheduled=False)
+    # The idle sweep, beside the jobs it writes (its on_job wakes this process's worker), and consolidation:
+    # on the serving process's worker thread the sweep's look for quiet sessions and a consolidation run's
+    # clustering held the GIL the turns needed (gateway/background.py).
+    sweep = Background(gw, jobs=False, sops=False)
     try:
         await gw.worker.start()
         await sweep.start()

@@ -17,9 +17,12 @@ cache per process):
 
 Consolidation is singleton work: on PostgreSQL each run holds the session
 advisory lock ``pg_try_advisory_lock(CONSOLIDATION_LOCK_KEY)``, so only one
-gateway process consolidates at a time (the others skip that run); on SQLite
-(one gateway process, whose worker thread has its own Scheduler) a lock of the
-process does the same. Within a process, runs never overlap.
+gateway process consolidates at a time (the others skip that run); on SQLite an
+exclusive ``flock`` on a file beside the database (``<database>-consolidation.lock``)
+does the same between ``goclaw serve`` (``notes_distill``), its job process (the
+nightly and automatic runs, ``gateway/jobproc.py``) and ``goclaw memory
+distill``; an in-memory database, which no other process can open, takes a lock
+of the process. Within a process, runs never overlap.
 
 Wiring it (``gateway/app.py``)::
 
@@ -49,10 +52,13 @@ seam of memory (extraction, the belief-revision judge, consolidation).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import hashlib
 import logging
+import os
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
@@ -86,8 +92,10 @@ DISTILL_MAX_WAIT = timedelta(hours=6)
 CONSOLIDATION_LOCK_KEY = int.from_bytes(hashlib.sha256(b"goclaw:memory-consolidation").digest()[:8], "big", signed=True)
 """The PostgreSQL advisory lock key of consolidation (one process at a time)."""
 
-# SQLite: the serving thread (notes_distill) and the worker thread each have a Scheduler; one runs at a time.
+# An in-memory SQLite database (tests): the Schedulers of one process take turns on a lock of the process.
 _PROCESS_LOCK = threading.Lock()
+LOCK_FILE_SUFFIX = "-consolidation.lock"
+"""On SQLite, the file beside the database whose ``flock`` is consolidation's lock (kept, never removed)."""
 
 BUSY = "A consolidation is already running (here or in another gateway process); try again in a few minutes."
 
@@ -151,6 +159,36 @@ def next_consolidation_at(now: datetime, at: time) -> datetime:
     now = now.astimezone(UTC)
     today = now.replace(hour=at.hour, minute=at.minute, second=0, microsecond=0)
     return today if today > now else today + timedelta(days=1)
+
+
+def sqlite_lock_path(database: str | None) -> str | None:
+    """Consolidation's lock file for a SQLite database file; None for an in-memory database."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return database + LOCK_FILE_SUFFIX
+
+
+@contextlib.contextmanager
+def file_lock(path: str) -> Iterator[bool]:
+    """Try an exclusive ``flock`` on ``path`` (created if missing): yields whether it was taken.
+
+    An ``flock`` belongs to the open file, so two opens conflict even in one process
+    (the serving thread's ``notes_distill`` and another thread's run), and the kernel
+    lets it go with the file when a process dies: a crashed run never leaves it held.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 class Scheduler:
@@ -231,14 +269,19 @@ class Scheduler:
 
     @asynccontextmanager
     async def _singleton(self) -> AsyncIterator[bool]:
-        """Hold the consolidation lock: in this process always, across processes on PostgreSQL."""
+        """Hold the consolidation lock, across every process and thread on the same database."""
         if self.engine.dialect.name != "postgresql":
-            got = _PROCESS_LOCK.acquire(blocking=False)
-            try:
+            path = sqlite_lock_path(self.engine.url.database)
+            if path is None:
+                got = _PROCESS_LOCK.acquire(blocking=False)
+                try:
+                    yield got
+                finally:
+                    if got:
+                        _PROCESS_LOCK.release()
+                return
+            with file_lock(path) as got:
                 yield got
-            finally:
-                if got:
-                    _PROCESS_LOCK.release()
             return
         async with self.engine.connect() as conn:
             got = bool(

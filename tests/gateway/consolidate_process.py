@@ -1,5 +1,9 @@
 """One gateway process consolidating again and again on a shared database (run by test_processes.py).
 
+On PostgreSQL the processes stand for several ``goclaw serve`` and ``goclaw worker``
+processes; on SQLite for ``goclaw serve`` (``notes_distill``), its job process (the
+nightly and automatic runs) and ``goclaw memory consolidate``.
+
 Usage: python -m tests.gateway.consolidate_process URL READY_FILE GO_FILE RUNS
 
 It starts a Gateway on URL (no background loops), signals READY_FILE, waits for
@@ -25,7 +29,9 @@ from pairing.principal import Principal
 
 
 async def main(url: str, ready: Path, go: Path, runs: int) -> None:
-    gw = Gateway(Config.model_validate({"database": {"url": url}, "worker": {"mode": "separate"}}))
+    # On SQLite (one serve, its job process, the CLI), worker.mode separate is refused: inline, and no loops.
+    mode = "separate" if url.startswith("postgresql") else "inline"
+    gw = Gateway(Config.model_validate({"database": {"url": url}, "worker": {"mode": mode}}))
     await gw.start(channels=False, worker=False)
     consolidator = gw.memory.scheduler.consolidator
     real_run = consolidator.run

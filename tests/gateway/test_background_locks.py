@@ -1,8 +1,8 @@
-"""Where the scheduler-type work runs: one place at a time on PostgreSQL; the idle sweep apart with a job process.
+"""Where the scheduler-type work runs: one place at a time on PostgreSQL; the sweep and consolidation apart.
 
-With ``worker.mode: inline`` the idle sweep runs in the job process (``gateway/jobproc.py``), beside the jobs
-it writes, under an advisory lock of its own; the serving process's worker thread keeps consolidation and the
-SOP schedules under the scheduler lock. Real gateways on one fresh PostgreSQL database.
+With ``worker.mode: inline`` the idle sweep and consolidation run in the job process (``gateway/jobproc.py``),
+the sweep beside the jobs it writes, under an advisory lock of their own; the serving process's worker thread
+keeps the SOP schedules under the scheduler lock. Real gateways on one fresh PostgreSQL database.
 """
 
 from __future__ import annotations
@@ -35,9 +35,14 @@ def _sweeping(gw: Gateway) -> bool:
     return task is not None and not task.done()
 
 
-def _scheduling(gw: Gateway) -> bool:
-    """Consolidation's and the SOP schedules' loops run."""
-    return gw.memory.scheduler.running and gw.automation.scheduler.running
+def _consolidating(gw: Gateway) -> bool:
+    """Consolidation's loops (nightly, automatic distillation) run."""
+    return gw.memory.scheduler.running
+
+
+def _scheduling_sops(gw: Gateway) -> bool:
+    """The SOP schedules' loop runs."""
+    return gw.automation.scheduler.running
 
 
 @pytest.fixture
@@ -55,11 +60,14 @@ async def gateways(pg_url: str) -> AsyncIterator[list[Gateway]]:
             await gw.stop()
 
 
-async def test_one_job_process_sweeps_and_another_takes_over_when_it_stops(gateways: list[Gateway]) -> None:
+async def test_one_job_process_sweeps_and_consolidates_and_another_takes_over_when_it_stops(
+    gateways: list[Gateway],
+) -> None:
     first, second, thread = gateways
-    # Two serve processes' job processes (the idle sweep alone), and a worker thread that leaves it to them.
-    sweeps = [Background(gw, retry_s=RETRY_S, jobs=False, scheduled=False) for gw in (first, second)]
-    scheduled = Background(thread, retry_s=RETRY_S, jobs=False, idle=False)
+    # Two serve processes' job processes (the idle sweep and consolidation), and a worker thread that leaves
+    # those to them (the SOP schedules alone), as gateway/jobproc.py and gateway/background.py build them.
+    sweeps = [Background(gw, retry_s=RETRY_S, jobs=False, sops=False) for gw in (first, second)]
+    scheduled = Background(thread, retry_s=RETRY_S, jobs=False, idle=False, consolidation=False)
     try:
         for bg in (*sweeps, scheduled):
             await bg.start()
@@ -70,12 +78,16 @@ async def test_one_job_process_sweeps_and_another_takes_over_when_it_stops(gatew
         leader, other = sweeps if sweeps[0].leading else sweeps[::-1]
         assert not other.leading
         assert _sweeping(leader.gw) and not _sweeping(other.gw) and not _sweeping(thread)
-        assert not _scheduling(leader.gw) and not _scheduling(other.gw)  # the sweep's leader runs nothing else
-        assert _scheduling(thread)
-        # The leading job process stops (its connection, and so its lock, goes): the other one sweeps.
+        assert _consolidating(leader.gw) and not _consolidating(other.gw) and not _consolidating(thread)
+        assert not _scheduling_sops(leader.gw) and not _scheduling_sops(other.gw)  # the SOPs stay on the thread
+        assert _scheduling_sops(thread)
+        # The leading job process stops (its connection, and so its lock, goes): the other one takes both over.
         await leader.stop()
-        assert not _sweeping(leader.gw)
-        await _until(lambda: other.leading and _sweeping(other.gw), "the other job process to take the sweep over")
+        assert not _sweeping(leader.gw) and not _consolidating(leader.gw)
+        await _until(
+            lambda: other.leading and _sweeping(other.gw) and _consolidating(other.gw),
+            "the other job process to take the sweep and consolidation over",
+        )
     finally:
         for bg in (*sweeps, scheduled):
             await bg.stop()

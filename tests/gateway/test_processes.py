@@ -282,13 +282,15 @@ def test_two_serve_processes_and_two_workers_share_one_database(stack: dict[str,
     wait_for(lambda: "runs the scheduled work" in other.read_text(), "the other worker to take over", alive)
 
 
-def test_consolidation_runs_in_one_process_at_a_time(pg_url: str, tmp_path: Path) -> None:
-    asyncio.run(_seed(pg_url, 0))
+def test_consolidation_runs_in_one_process_at_a_time(db_url: str, tmp_path: Path) -> None:
+    # On SQLite, serve's notes_distill and its job process's nightly and automatic runs are two processes:
+    # a lock of one process (the code before) let both consolidate the same notes at once.
+    asyncio.run(_seed(db_url, 0))
     go = tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.gateway.consolidate_process", pg_url, str(tmp_path / f"r{n}"), str(go), "40"],
+            [sys.executable, "-m", "tests.gateway.consolidate_process", db_url, str(tmp_path / f"r{n}"), str(go), "40"],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -543,8 +545,14 @@ def test_a_quiet_session_is_learned_by_the_job_process_s_sweep(db_url: str, tmp_
         handed = [line for line in log.read_text().splitlines() if "handed to extraction" in line]
         assert handed, log.read_text()
         assert all("[job process]" in line for line in handed), handed  # never the serving process
-        if db_url.startswith("postgresql"):
-            assert "[job process] goclaw.worker: this job process runs the idle extraction sweep" in log.read_text()
+        # Consolidation runs beside the sweep in the job process, off the turns' GIL; serve's worker thread
+        # keeps the SOP schedules alone (on PostgreSQL, each under its advisory lock).
+        text = log.read_text()
+        lead = "[job process] goclaw.worker: this job process runs the scheduled work (idle extraction, consolidation)"
+        assert lead in text, text
+        thread_lines = [line for line in text.splitlines() if "this worker runs the scheduled work" in line]
+        assert thread_lines and all("[job process]" not in line for line in thread_lines), text
+        assert all(line.endswith("runs the scheduled work (SOP schedules)") for line in thread_lines), thread_lines
     finally:
         stop_processes(procs, "goclaw serve")
     assert "Traceback" not in log.read_text(), log.read_text()

@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, time, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -215,3 +216,27 @@ async def test_the_builtin_provider_answers_the_judge_and_consolidation_seams() 
         await judge_model(provider)("system", json.dumps({"record": records["records"][1], "candidates": []}))
     )
     assert judged == {"decisions": []}
+
+
+async def test_on_sqlite_the_lock_is_a_file_beside_the_database_that_every_engine_on_it_respects(
+    sqlite_url: str, clock: Clock
+) -> None:
+    # serve's notes_distill and its job process's runs are two processes on one SQLite file: a lock of one
+    # process let both merge the same notes at once. Two engines here stand for them (an flock belongs to
+    # the open file, so two opens conflict in one process as in two; test_processes.py runs two processes).
+    one, two = make_engine(sqlite_url), make_engine(sqlite_url)
+    await upgrade(one)
+    try:
+        first, writer = _scheduler(one, clock, Model())
+        second, _ = _scheduler(two, clock, Model())
+        await _notes(writer)
+        async with first._singleton() as held:
+            assert held
+            assert Path(sqlite_url.split("///", 1)[1] + "-consolidation.lock").exists()
+            assert await second.consolidate(CRON) is None
+            assert await second.notes_distill(ALICE) == BUSY
+        run = await second.consolidate(CRON)
+        assert run is not None and run.model_calls == 1
+    finally:
+        await one.dispose()
+        await two.dispose()
