@@ -17,12 +17,17 @@ turns but the database.
 
 The parent and the child share one socket pair:
 
-- parent to child: any byte is a wake (a trim queued a job); end of file (the
-  parent stopped or died) stops the child, so it never outlives ``serve``;
+- parent to child: a ``d ID JSON`` line asks for ``notes_distill`` as the admin
+  the JSON names (the admin tool, asked in a turn: the run is the child's, whose
+  consolidator remembers the last run's notes, and its CPU is not the turns'
+  loop's; the child checks the role again); any other byte is a wake (a trim
+  queued a job); end of file (the parent stopped or died) stops the child, so it
+  never outlives ``serve``;
 - child to parent: ``r`` lines (a write transaction of the child's ended: a
   turn waiting for SQLite's write lock tries again, as for the worker thread's,
   see :class:`gateway.hotstore.sqlite.WriteLockReleases`) and ``j KIND OUTCOME``
-  lines (a job's outcome, counted in the serving process's ``/metrics``).
+  lines (a job's outcome, counted in the serving process's ``/metrics``) and
+  ``D ID JSON`` lines (a ``notes_distill``'s answer, a JSON string).
 
 A wake lost while the child starts or restarts costs nothing: the job worker
 also polls (every second) and drains what is due when it starts. If the child
@@ -41,6 +46,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
+import json
 import logging
 import os
 import signal
@@ -48,12 +55,15 @@ import socket
 import sqlite3
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from gateway.config import Config
 from gateway.hotstore.sqlite import RELEASES
 from gateway.tasks import cancel_and_wait
+
+if TYPE_CHECKING:
+    from pairing.principal import Principal
 
 log = logging.getLogger("goclaw.jobs")
 
@@ -66,6 +76,61 @@ WAL_WATCH_S = 0.1
 """Between those copies, how often it looks at the WAL file's size (one ``stat``), to start it again past the limit."""
 JOB_NICE = 10
 """The job process's niceness, added to its parent's: the scheduler gives the serving process the CPU first."""
+DISTILL_DOWN = (
+    "Consolidation runs in the gateway's job process, which is not running right now (it is started again "
+    "within 30 s); ask again in a minute."
+)
+DISTILL_LOST = (
+    "The gateway's job process stopped during the consolidation run. Each merge is written whole or not at all; "
+    "ask again in a minute to finish the run."
+)
+REQUEST_LIMIT = 65536
+"""The longest ``d`` line the child reads; past it, the bytes are taken for wakes and dropped."""
+
+
+class ParentRequests:
+    """The child's reading of what its parent sends: wakes, and ``d ID JSON`` lines (``notes_distill``)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> tuple[bool, list[tuple[int, Mapping[str, Any] | None]]]:
+        """Whether ``data`` held a wake, and the requests it completed: (id, the JSON object or None if unreadable)."""
+        buf = self._buf + data
+        woke = False
+        asked: list[tuple[int, Mapping[str, Any] | None]] = []
+        while buf:
+            if buf[:1] != b"d":
+                woke = True  # a wake, or bytes that are no request: looking for jobs again costs nothing
+                at = buf.find(b"d")
+                buf = b"" if at < 0 else buf[at:]
+                continue
+            end = buf.find(b"\n")
+            if end < 0:
+                if len(buf) > REQUEST_LIMIT:
+                    log.warning("dropped %d bytes from the serving process: not a request", len(buf))
+                    buf, woke = b"", True
+                break
+            line, buf = buf[:end], buf[end + 1 :]
+            request = self._parse(line)
+            if request is None:
+                woke = True
+            else:
+                asked.append(request)
+        self._buf = buf
+        return woke, asked
+
+    @staticmethod
+    def _parse(line: bytes) -> tuple[int, Mapping[str, Any] | None] | None:
+        parts = line.split(b" ", 2)
+        if len(parts) != 3 or parts[0] != b"d" or not parts[1].isdigit():
+            log.warning("unreadable request from the serving process: %r", line[:80])
+            return None
+        try:
+            body = json.loads(parts[2])
+        except ValueError:
+            body = None
+        return int(parts[1]), body if isinstance(body, dict) else None
 
 
 class JobProcess:
@@ -103,6 +168,8 @@ class JobProcess:
         self._stopping = False
         self._pending = b""
         self._spawned_at = 0.0
+        self._distills: dict[int, asyncio.Future[str]] = {}
+        self._distill_ids = itertools.count(1)
 
     async def start(self) -> None:
         """Start the child (its start-up, about half a second, is not waited for)."""
@@ -120,6 +187,33 @@ class JobProcess:
             return
         with contextlib.suppress(OSError):  # full (a wake is pending already) or closed (restarting, stopping)
             sock.send(b"w")
+
+    async def notes_distill(self, principal: Principal) -> str:
+        """The ``notes_distill`` admin tool's run, in the child: its summary, or why it did not run.
+
+        The run's clustering is Python (about 10 s with 65,536 notes and nothing
+        remembered, 0.2-2.5 s after): here it would stop every turn for that long.
+        The child keeps the last run's notes, so its run is also the cheap one.
+        """
+        from memory.tools_admin import authorize_notes_distill
+
+        refusal = authorize_notes_distill(principal)
+        if refusal:
+            return refusal
+        sock, loop = self._sock, self._loop
+        if sock is None or loop is None:
+            return DISTILL_DOWN
+        rid = next(self._distill_ids)
+        asked = {"user_id": principal.user_id, "role": str(principal.role), "display_name": principal.display_name}
+        answer: asyncio.Future[str] = loop.create_future()
+        self._distills[rid] = answer
+        try:
+            await loop.sock_sendall(sock, f"d {rid} {json.dumps(asked)}\n".encode())
+            return await answer
+        except OSError:
+            return DISTILL_DOWN
+        finally:
+            self._distills.pop(rid, None)
 
     async def stop(self) -> None:
         """Stop the child: end of file first (it finishes cleanly), then SIGTERM, then SIGKILL."""
@@ -190,6 +284,9 @@ class JobProcess:
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.remove_reader(sock)
             sock.close()
+        for answer in self._distills.values():  # the child that was running them is gone
+            if not answer.done():
+                answer.set_result(DISTILL_LOST)
 
     def _readable(self) -> None:
         sock = self._sock
@@ -212,6 +309,19 @@ class JobProcess:
                 parts = line.decode("utf-8", "replace").split()
                 if len(parts) == 3:
                     self.on_job(parts[1], parts[2])
+            elif line.startswith(b"D "):
+                self._distilled(line)
+
+    def _distilled(self, line: bytes) -> None:
+        parts = line.split(b" ", 2)
+        try:
+            rid, summary = int(parts[1]), json.loads(parts[2])
+        except (IndexError, ValueError):
+            log.warning("unreadable answer from the job process: %r", line[:80])
+            return
+        answer = self._distills.get(rid)
+        if answer is not None and not answer.done():
+            answer.set_result(str(summary))
 
     async def _watch(self) -> None:
         delay = FIRST_RESTART_S
@@ -275,6 +385,23 @@ async def run_job_process(cfg: Config, fd: int) -> None:
     gw.worker.report = lambda kind, outcome: send(f"j {kind} {outcome}\n".encode())
     RELEASES.on_release = lambda: send(b"r\n")
 
+    requests = ParentRequests()
+    distills: set[asyncio.Task[None]] = set()
+
+    async def distill(rid: int, who: Mapping[str, Any] | None) -> None:
+        from pairing.principal import Principal, Role
+
+        try:
+            if who is None:
+                raise ValueError("the request was not a JSON object")
+            asker = Principal.human(str(who["user_id"]), Role.parse(str(who["role"])), str(who.get("display_name", "")))
+            # The role is checked again here (Scheduler.notes_distill), as on every path that merges notes.
+            summary = await gw.memory.scheduler.notes_distill(asker)
+        except Exception as exc:
+            log.exception("notes_distill failed in the job process")
+            summary = f"The consolidation run failed ({type(exc).__name__}); the gateway's log says why."
+        send(f"D {rid} {json.dumps(summary)}\n".encode())
+
     def readable() -> None:
         try:
             data = sock.recv(4096)
@@ -282,10 +409,16 @@ async def run_job_process(cfg: Config, fd: int) -> None:
             return
         except OSError:
             data = b""
-        if data:
-            gw.worker.wake()
-        else:
+        if not data:
             stop.set()  # the serving process stopped (or died): so do we
+            return
+        woke, asked = requests.feed(data)
+        if woke:
+            gw.worker.wake()
+        for rid, who in asked:
+            task = asyncio.create_task(distill(rid, who), name="goclaw-notes-distill")
+            distills.add(task)
+            task.add_done_callback(distills.discard)
 
     loop.add_reader(sock, readable)
     checkpoints = (
@@ -304,7 +437,7 @@ async def run_job_process(cfg: Config, fd: int) -> None:
         await stop.wait()
     finally:
         await sweep.stop()
-        await cancel_and_wait(checkpoints)
+        await cancel_and_wait(checkpoints, *distills)
         loop.remove_reader(sock)
         RELEASES.on_release = None
         await gw.stop()

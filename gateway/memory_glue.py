@@ -55,6 +55,7 @@ from memory.tools_admin import (
     NOTES_DISTILL_SCHEMA,
     REVIEW_LEARNED_DESCRIPTION,
     REVIEW_LEARNED_SCHEMA,
+    DistillRun,
     authorize_notes_distill,
     authorize_review_learned,
     notes_distill,
@@ -220,6 +221,9 @@ class GatewayMemory:
         self.extractor = extractor
         self.reviser = reviser
         self.scheduler = scheduler
+        # Where notes_distill runs: here by default; ``goclaw serve`` hands it to its job process
+        # (gateway/jobproc.py), whose consolidator is warm and whose CPU is not the turns' loop's.
+        self.run_distill: DistillRun = scheduler.notes_distill
         self.token_budget = token_budget
         self.max_chars = max_chars
         self._identity: tuple[float, str] | None = None
@@ -292,7 +296,7 @@ class GatewayMemory:
             return await review_learned(self.writer, p, args, reviser=self.reviser)
 
         async def distill(p: Principal, args: Mapping[str, Any]) -> str:
-            return await notes_distill(p, args, run=self.scheduler.notes_distill)
+            return await notes_distill(p, args, run=self.run_distill)
 
         async def revisions(p: Principal, args: Mapping[str, Any]) -> str:
             return await memory_revisions_tool(self.store, p, args)

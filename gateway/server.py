@@ -116,6 +116,8 @@ async def serve_forever(cfg: Config, *, child: int | None = None, config_path: s
             thread = WorkerThread(cfg, metrics=gw.metrics, wake_jobs=jobs.wake)
             await thread.start()
             gw.wake_remote_worker = jobs.wake
+            # An admin's notes_distill runs where the nightly and automatic runs do, not on the turns' loop.
+            gw.memory.run_distill = jobs.notes_distill
         await gw.start_channels()
         settle_heap()  # everything start-up made, out of the collector's way (gateway/heap.py)
         # Answer what the last process left unanswered, without holding up the listener.
