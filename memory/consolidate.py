@@ -252,6 +252,8 @@ class PairMemo:
     """Note id -> the digest of its same-note key (:func:`memory.rules.same_note_key`), when it has one."""
     keys: dict[str, str] = field(default_factory=dict)
     """Note id -> its same-note key, for the notes in a group only (members are shown in its order)."""
+    df: Counter[str] | None = None
+    """How many of ``words``' notes have each word (None: count them again, as after a call that failed)."""
 
 
 def cluster_by_words(
@@ -300,11 +302,13 @@ def _group(ids: Sequence[str], new: Mapping[str, MemoryRecordView], memo: PairMe
     words: dict[str, tuple[str, ...]] = {}
     digests: dict[str, bytes] = {}
     fresh_keys: dict[str, str] = {}
+    fresh: list[str] = []  # the ids of the notes new to the memo
     for rid in ids:
         ws = known_words.get(rid)
         if ws is None:
             r = new[rid]
             ws = _words(r.subject, r.content)
+            fresh.append(rid)
             key = fresh_keys[rid] = same_note_key(r.content)
             if key:
                 digests[rid] = _same_digest(key)
@@ -333,7 +337,7 @@ def _group(ids: Sequence[str], new: Mapping[str, MemoryRecordView], memo: PairMe
     # (the automatic distillation, every 5 minutes) then builds nothing: 1.85 s of the serving
     # process's CPU at 65,536 notes, every run, for pairs it had compared already.
     new_words = {w for rid, ws in words.items() if rid not in before for w in ws}
-    df = Counter(w for ws in words.values() for w in ws) if new_words else Counter()
+    df = _document_frequencies(memo, words, [words[rid] for rid in dict.fromkeys(fresh)])
     postings: dict[str, list[str]] = defaultdict(list)
     for rid, ws in words.items():
         for w in ws:
@@ -381,7 +385,33 @@ def _group(ids: Sequence[str], new: Mapping[str, MemoryRecordView], memo: PairMe
         memo.alike = alike
         memo.words = words
         memo.same = digests
+        memo.df = df
     return _Grouped(groups, score, fresh_keys)
+
+
+def _document_frequencies(
+    memo: PairMemo | None, words: Mapping[str, tuple[str, ...]], fresh: Sequence[tuple[str, ...]]
+) -> Counter[str]:
+    """How many of ``words``' notes have each word; ``fresh`` the words of those the memo does not know.
+
+    The memo's counts are for its last call's notes: the notes gone since are taken out and the
+    new ones added, so a run after one new note does not count every note's words again (0.3-0.4 s
+    of the 0.8 s such a run took at 65,536 notes).
+    """
+    if memo is None or memo.df is None:
+        return Counter(w for ws in words.values() for w in ws)
+    df, memo.df = memo.df, None  # until this call ends: one that fails part way leaves the memo to count again
+    known = memo.words
+    for rid in known.keys() - words.keys():
+        for w in known[rid]:
+            left = df.get(w, 0) - 1
+            if left > 0:
+                df[w] = left
+            else:
+                df.pop(w, None)
+    for ws in fresh:
+        df.update(ws)
+    return df
 
 
 def _clusters(
