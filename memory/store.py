@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -34,6 +35,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    literal_column,
     or_,
     select,
     text,
@@ -431,53 +433,27 @@ def _personal_statement(limit: int) -> Any:
 
 MATCH_WORD_POSTINGS = 5_000
 """A word in more notes than this is left out of a turn's ``match``, as a stop word is: its ``1/df``
-weight is next to nothing, and reading its postings was most of the turn (a word in every one of
-65,536 notes, such as "use", cost 100 ms of CPU each turn). Counting a word stops here."""
-MATCH_POSTINGS = 20_000
-"""The most postings a turn's ``match`` reads: its words are taken rarest first while their postings
-fit. Where a conversation's words have fewer postings than this, each fewer than
-:data:`MATCH_WORD_POSTINGS`, the match is exactly the sum of ``1/df`` over every shared word."""
-_WORD_SLOTS = (4, 8, 16, 24)
-"""How many words one candidates statement takes (padded with ``""``, which no note has): few shapes
-to compile. A conversation's terms are at most ``memory.render.MAX_QUERY_TERMS``; past the last
-slot the first (newest) are kept."""
+weight is next to nothing, and grouping its postings was most of the turn (a word in every one of
+65,536 notes, such as "use", cost 80-140 ms of CPU each turn). The statement still counts the
+postings of such a word, and names it (the ``common`` part); the store then leaves it out of its
+next turns' statements for :data:`COMMON_WORD_TTL_S`, so it is counted once in that time."""
+COMMON_WORD_TTL_S = 600.0
+"""How long a store leaves out a word found in more than :data:`MATCH_WORD_POSTINGS` notes: a word
+becomes that common over many writes, and one that stops being so is still left out for this long."""
+_COMMON_WORDS_KEPT = 4_096
+"""The most common words a store remembers (past it, it forgets them all and finds them again)."""
 
 
-def _word_slots(n_words: int) -> int:
-    """The candidates statement's word slots for ``n_words`` words (0: no match part)."""
-    return next(s for s in _WORD_SLOTS if s >= n_words) if n_words else 0
-
-
-def candidate_params(
-    query_terms: Sequence[str],
-    *,
-    user_id: str | None,
-    now: datetime,
-    matched_limit: int,
-    recent_limit: int,
-    personal_limit: int,
-    match_postings: int = MATCH_POSTINGS,
-    match_word_postings: int = MATCH_WORD_POSTINGS,
-) -> tuple[int, dict[str, Any]]:
-    """The shape (word slots) and the values of ``_candidates_statement`` for one turn."""
-    words = list(dict.fromkeys(query_terms))[: _WORD_SLOTS[-1]]
-    slots = _word_slots(len(words))
-    params: dict[str, Any] = {"now": now, "recent_limit": recent_limit}
-    if words:
-        params.update({f"w{i}": words[i] if i < len(words) else "" for i in range(slots)})
-        params.update(matched_limit=matched_limit, match_postings=match_postings, match_cap=match_word_postings + 1)
-    if user_id:
-        params.update(user_id=user_id, personal_limit=personal_limit)
-    return slots, params
-
-
-@lru_cache(maxsize=2 * (len(_WORD_SLOTS) + 1))
-def _candidates_statement(slots: int, with_user: bool) -> Any:
+@lru_cache(maxsize=16)
+def _candidates_statement(with_words: bool, with_user: bool, matched_limit: int = 48) -> Any:
     """The prompt-candidates statement for one shape, built once (values are bind parameters).
 
-    ``slots``: the words it takes (``w0``, ``w1``, ...; 0: no ``match`` part). Building a
-    UNION of three record selects costs more than running it on SQLite, so each shape is
-    built once and reused.
+    ``matched_limit`` is written into the statement: PostgreSQL's generic plan of a prepared
+    statement does not know a parameter's value, took the ``match`` for 10% of its postings, and
+    joined them to a scan of every record (25 ms at 65,536 notes, against 4 on an index).
+
+    Building a UNION of three record selects costs more than running it on
+    SQLite, so each of the four shapes is built once and reused.
     """
     now = bindparam("now", type_=UTCDateTime())
     live_note = and_(
@@ -494,31 +470,10 @@ def _candidates_statement(slots: int, with_user: bool) -> Any:
         return [*cols, cast(score, Float).label("score"), literal(name, String).label("part")]
 
     parts: list[Any] = []
-    if slots:
+    if with_words:
         T = MemoryTerm.__table__
-        cap = bindparam("match_cap", type_=Integer())
-        # Each word's postings counted up to the budget and one more (on the covering index):
-        # a word past the budget is never read whole, not even to count it.
-        counted = []
-        for i in range(slots):
-            word = bindparam(f"w{i}", type_=String())
-            first = select(T.c.record_id).where(T.c.term == word).limit(cap).subquery(f"first{i}")
-            n = select(func.count()).select_from(first).scalar_subquery()
-            counted.append(select(word.label("term"), n.label("n")))
-        q = union_all(*counted).cte("q")
-        # The rarest words first while their postings fit the budget (the words are distinct;
-        # the padding has none).
-        upto = func.sum(q.c.n).over(order_by=(q.c.n, q.c.term)).label("upto")
-        ranked = select(q.c.term, q.c.n, upto).subquery("ranked")
-        df = (
-            select(ranked.c.term, ranked.c.n)
-            .where(
-                ranked.c.n > 0,
-                ranked.c.n < cap,
-                ranked.c.upto <= bindparam("match_postings", type_=Integer()),
-            )
-            .cte("df")
-        )
+        words: Any = bindparam("words", expanding=True)
+        df = select(T.c.term, func.count().label("n")).where(T.c.term.in_(words)).group_by(T.c.term).cte("df")
         postings = T.alias("postings")
         # Ranked and limited on the postings alone (their covering index holds said_at and
         # review_by), then only the chosen records are read. memory_terms holds live agent
@@ -527,17 +482,28 @@ def _candidates_statement(slots: int, with_user: bool) -> Any:
         # of a note past its review-by date are filtered here until the job worker's next
         # prune deletes them (``prune_expired_postings``); the df counts them until then.
         # (said_at is one value per record: grouping by it too is cheaper than a max() per posting.)
+        # A word in more than ``match_word_postings`` notes is left out: its postings are counted
+        # (on the covering index), never grouped. The postings are read from the words that are
+        # kept (the join's driver), not from the IN list, which names the common ones too.
+        cap = bindparam("match_word_postings", type_=Integer())
         score = func.sum(cast(1.0, Float) / df.c.n).label("score")
         best = (
             select(postings.c.record_id, score)
-            .join(df, df.c.term == postings.c.term)
+            .select_from(df)
+            .join(postings, and_(postings.c.term == df.c.term, df.c.n <= cap))
             .where(or_(postings.c.review_by.is_(None), postings.c.review_by > now))
             .group_by(postings.c.record_id, postings.c.said_at)
             .order_by(score.desc(), postings.c.said_at.desc(), postings.c.record_id)
-            .limit(bindparam("matched_limit", type_=Integer()))
+            .limit(literal_column(str(int(matched_limit))))
             .subquery("best")
         )
         parts.append(select(*part("match", best.c.score)).join(best, best.c.record_id == R.id).where(live_note))
+        # The words left out, with their counts: the store leaves them out of its next statements.
+        parts.append(
+            select(
+                df.c.term, literal(None, String), literal(None, String), cast(df.c.n, Float), literal("common", String)
+            ).where(df.c.n > cap)
+        )
     parts.append(
         select(*part("recent", 0.0))
         .where(live_note)
@@ -666,18 +632,38 @@ _KEPT_VIEWS = 8192
 """How many records' views a store keeps for the prompt's candidates (least recently used dropped)."""
 _ID_BUCKETS = (8, 32, 128, 512)
 """How many ids one ``_records_sql`` statement takes (padded with the last id): few shapes to compile."""
+_CANDIDATE_PARAMS = frozenset({"now", "recent_limit", "match_word_postings", "user_id", "personal_limit", "words"})
 
 
-@lru_cache(maxsize=4 * (len(_WORD_SLOTS) + 1))
-def _candidates_sql(dialect: Any, slots: int, with_user: bool) -> tuple[str, tuple[str, ...], dict]:
-    """``_candidates_statement`` as the driver's own SQL: its text, its parameter names in order (a
-    name used twice comes twice), and the values of its literals. Compiled once per shape (3-6 ms)."""
-    compiled = _candidates_statement(slots, with_user).compile(dialect=dialect)
-    names = tuple(compiled.positiontup or ())
-    given = {"now", "recent_limit", "matched_limit", "match_cap", "match_postings", "user_id", "personal_limit"}
-    given |= {f"w{i}" for i in range(slots)}
-    fixed = {k: v for k, v in compiled.params.items() if k not in given}
-    return compiled.string, names, fixed
+@lru_cache(maxsize=16)
+def _candidates_compiled(dialect: Any, with_words: bool, with_user: bool, matched_limit: int) -> Any:
+    """``_candidates_statement`` compiled once per shape (3-6 ms each: far more than running it)."""
+    return _candidates_statement(with_words, with_user, matched_limit).compile(dialect=dialect)
+
+
+@lru_cache(maxsize=64)
+def _candidates_sql(
+    dialect: Any, with_words: bool, with_user: bool, n_words: int, matched_limit: int = 48
+) -> tuple[str, tuple[str, ...], dict]:
+    """``_candidates_statement`` for ``n_words`` words, as the driver's own SQL.
+
+    The statement stays the one SQLAlchemy expression above; the hot store runs
+    its text (its parameter names in order, and the values of its literals). It is
+    compiled once per shape; each word count (up to ``MAX_QUERY_TERMS``) only expands
+    that compiled form's ``IN`` lists (about 0.05 ms), so a turn whose conversation
+    has a word count not seen before does not pay a compile.
+    """
+    sample: dict[str, Any] = {"now": datetime.now(UTC), "recent_limit": 0}
+    sample["match_word_postings"] = 0
+    sample.update(user_id="", personal_limit=0, words=[""] * n_words)
+    expanded = _candidates_compiled(dialect, with_words, with_user, matched_limit).construct_expanded_state(sample)
+    names = tuple(expanded.positiontup or ())
+    fixed = {
+        k: v
+        for k, v in expanded.parameters.items()
+        if k not in _CANDIDATE_PARAMS and not (k.startswith("words_") and k[6:].isdigit())
+    }
+    return expanded.statement, names, fixed
 
 
 @lru_cache(maxsize=2)
@@ -714,6 +700,8 @@ class MemoryStore:
         # Records whose views prompt_candidates has built, by id, newest use last. Only status and
         # superseded_by change after insert, and every read takes those two from the database.
         self._views: OrderedDict[str, MemoryRecordView] = OrderedDict()
+        # Words found in more than MATCH_WORD_POSTINGS notes: word -> (until when, by time.monotonic(), its count).
+        self._common: dict[str, tuple[float, int]] = {}
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
         self._clock = clock or (lambda: datetime.now(UTC))
 
@@ -1616,9 +1604,11 @@ class MemoryStore:
         return out
 
     async def _candidate_rows(
-        self, slots: int, with_user: bool, params: dict[str, Any]
-    ) -> list[tuple[MemoryRecordView, float, str]]:
+        self, with_words: bool, with_user: bool, n_words: int, params: dict[str, Any], matched_limit: int = 48
+    ) -> list[tuple[Any, float, str]]:
         """The rows of ``_candidates_statement`` as (record, score, part): on the raw driver when given one.
+
+        A ``common`` row is (the word, its count, "common"): a word left out of the match.
 
         The statement gives each candidate's id, status and superseded_by; the rest of a record
         is fixed at insert, so it is read (``_records_statement``) only for ids not seen before.
@@ -1626,18 +1616,22 @@ class MemoryStore:
         rows: list[tuple[Any, ...]]
         if self._raw is None:
             async with self._read() as conn:
-                rows = [tuple(r) for r in await conn.execute(_candidates_statement(slots, with_user), params)]
+                statement = _candidates_statement(with_words, with_user, matched_limit)
+                rows = [tuple(r) for r in await conn.execute(statement, params)]
                 missing = self._missing(rows)
                 if missing:
                     found = await conn.execute(_records_statement(), {"ids": missing})
                     self._keep(_view(r) for r in found)
         else:
-            sql, names, fixed = _candidates_sql(self._engine.dialect, slots, with_user)
-            values = fixed | params
+            sql, names, fixed = _candidates_sql(self._engine.dialect, with_words, with_user, n_words, matched_limit)
+            values = fixed | params | {f"words_{i}": w for i, w in enumerate(params.get("words", ()), 1)}
             rows = await self._raw.select(sql, [values[n] for n in names], _CANDIDATE_KINDS)
             self._keep(await self._raw_records(self._missing(rows)))
         out = []
         for rid, status, superseded_by, score, part in rows:
+            if part == "common":
+                out.append((rid, score, part))  # a word left out, and its count
+                continue
             view = self._views.get(rid)
             if view is None:
                 continue  # gone between the two reads (records are never deleted; kept for safety)
@@ -1650,8 +1644,27 @@ class MemoryStore:
             self._views.popitem(last=False)
         return out
 
+    def _not_common(self, words: list[str], match_word_postings: int) -> list[str]:
+        """``words`` less those this store found in more than ``match_word_postings`` notes lately."""
+        at = time.monotonic()
+        kept = []
+        for w in words:
+            found = self._common.get(w)
+            if found is not None:
+                if found[0] <= at:
+                    del self._common[w]  # found long enough ago: counted again
+                elif found[1] > match_word_postings:
+                    continue
+            kept.append(w)
+        return kept
+
+    def _found_common(self, word: str, count: int) -> None:
+        if len(self._common) >= _COMMON_WORDS_KEPT:
+            self._common.clear()
+        self._common[word] = (time.monotonic() + COMMON_WORD_TTL_S, count)
+
     def _missing(self, rows: Sequence[Sequence[Any]]) -> list[str]:
-        return list(dict.fromkeys(r[0] for r in rows if r[0] not in self._views))
+        return list(dict.fromkeys(r[0] for r in rows if r[4] != "common" and r[0] not in self._views))
 
     def _keep(self, views: Iterable[MemoryRecordView]) -> None:
         for v in views:
@@ -1666,7 +1679,6 @@ class MemoryStore:
         matched_limit: int = 48,
         recent_limit: int = 24,
         personal_limit: int = 200,
-        match_postings: int = MATCH_POSTINGS,
         match_word_postings: int = MATCH_WORD_POSTINGS,
     ) -> PromptCandidates:
         """The bounded candidate set a turn's prompt chooses from, in ONE statement.
@@ -1679,10 +1691,7 @@ class MemoryStore:
           in SQL as the sum of ``1/df`` over the shared terms (an idf weight: rare
           words count more), ranked and limited on ``memory_terms`` alone (each
           posting carries its note's ``said_at`` and ``review_by``, on one covering
-          index), then joined to the records by primary key. Its words are taken
-          rarest first while their postings fit ``match_postings``
-          (:data:`MATCH_POSTINGS`), so its cost does not grow with the store;
-          a word with more postings than that is left out;
+          index), then joined to the records by primary key;
         - ``recent``: the newest live, current notes (``said_at`` order of the
           ``(scope, owner_user_id, status, said_at)`` index);
         - ``personal``: the person's own live personal records, newest first (same index).
@@ -1692,24 +1701,25 @@ class MemoryStore:
         least recently used dropped) and reads whole records, in a second statement,
         only for ids it has not seen.
         """
-        slots, params = candidate_params(
-            query_terms,
-            user_id=user_id,
-            now=now,
-            matched_limit=matched_limit,
-            recent_limit=recent_limit,
-            personal_limit=personal_limit,
-            match_postings=match_postings,
-            match_word_postings=match_word_postings,
-        )
+        words = list(dict.fromkeys(query_terms))
+        if self._common:
+            words = self._not_common(words, match_word_postings)
+        params: dict[str, Any] = {"now": now, "recent_limit": recent_limit}
+        if words:
+            params.update(words=words, match_word_postings=match_word_postings)
+        if user_id:
+            params.update(user_id=user_id, personal_limit=personal_limit)
         matched: list[tuple[MemoryRecordView, float]] = []
         recent: list[MemoryRecordView] = []
         personal: list[MemoryRecordView] = []
-        for view, score, part in await self._candidate_rows(slots, bool(user_id), params):
+        rows = await self._candidate_rows(bool(words), bool(user_id), len(words), params, matched_limit)
+        for view, score, part in rows:
             if part == "match":
                 matched.append((view, float(score)))
             elif part == "recent":
                 recent.append(view)
+            elif part == "common":
+                self._found_common(view, int(score))
             else:
                 personal.append(view)
         # UNION ALL keeps no order across parts; each part's own order is restored here.

@@ -32,7 +32,7 @@ from gateway.sessions import SessionKey, SessionStore
 from gateway.write_health import storage_reason
 from memory.models import MemoryRecord, MemoryTerm
 from memory.render import MAX_QUERY_TERMS
-from memory.store import _WORD_SLOTS, MemoryStore, _candidates_statement, _view, candidate_params, note_postings
+from memory.store import MATCH_WORD_POSTINGS, MemoryStore, _candidates_statement, _view, note_postings
 from memory.words import subject_key
 from pairing.principal import Principal, Role
 from pairing.store import PairingStore
@@ -468,12 +468,14 @@ async def _reference_candidates(
     engine: AsyncEngine, user_id: str | None, words: list[str], now: datetime
 ) -> dict[str, list[tuple[Any, float]]]:
     """What the candidate statement answers through SQLAlchemy, each record read whole by id: no cache."""
-    slots, params = candidate_params(
-        words, user_id=user_id, now=now, matched_limit=10, recent_limit=7, personal_limit=9
-    )
+    params: dict[str, Any] = {"now": now, "recent_limit": 7}
+    if words:
+        params.update(words=words, match_word_postings=MATCH_WORD_POSTINGS)
+    if user_id:
+        params.update(user_id=user_id, personal_limit=9)
     by_part: dict[str, list[tuple[Any, float]]] = {"match": [], "recent": [], "personal": []}
     async with engine.connect() as conn:
-        for r in (await conn.execute(_candidates_statement(slots, bool(user_id)), params)).all():
+        for r in (await conn.execute(_candidates_statement(bool(words), bool(user_id), 10), params)).all():
             whole = (await conn.execute(select(MemoryRecord.__table__).where(MemoryRecord.id == r.id))).one()
             assert (whole.status, whole.superseded_by) == (r.status, r.superseded_by)
             by_part[r.part].append((_view(whole), float(r.score)))
@@ -525,13 +527,14 @@ async def test_every_word_count_reads_what_the_sqlalchemy_statement_returns_comp
 ) -> None:
     """Conversations of 1 to MAX_QUERY_TERMS words: the raw driver's answer is SQLAlchemy's, on one compile a shape.
 
-    A word count takes the statement of the next word slots (``_WORD_SLOTS``, padded): a new
-    conversation length does not compile the whole UNION again (3-6 ms) on its turn.
+    A word count not seen before only expands the compiled statement's IN lists; it used
+    to compile the whole UNION again (3-6 ms), which a new conversation length paid on its turn.
     """
     rows, term_rows = _seed_rows(random.Random(5), clock.now)
     async with engine.begin() as conn:
         await conn.execute(MemoryRecord.__table__.insert(), rows)
         await conn.execute(MemoryTerm.__table__.insert(), term_rows)
+    memory.store._candidates_compiled.cache_clear()
     memory.store._candidates_sql.cache_clear()
     raw = MemoryStore(engine, clock=clock, raw=hot_store(engine))
     vocab = ["invoice", "server", "backup", "deploy", "payroll", "export", "audit", "ticket"]
@@ -547,8 +550,8 @@ async def test_every_word_count_reads_what_the_sqlalchemy_statement_returns_comp
                 words
             )
             assert [v.id for v in got.recent_notes] == [v.id for v, _ in want["recent"]]
-    assert _WORD_SLOTS[-1] >= MAX_QUERY_TERMS
-    assert memory.store._candidates_sql.cache_info().misses == 2 * len(_WORD_SLOTS)  # each slot count, user or not
+    assert memory.store._candidates_compiled.cache_info().misses == 2  # (words, user) and (words, no user)
+    assert memory.store._candidates_sql.cache_info().misses == 2 * MAX_QUERY_TERMS
 
 
 async def test_candidates_read_in_several_fetches_and_beyond_the_kept_views(

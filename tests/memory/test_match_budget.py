@@ -1,9 +1,9 @@
-"""A turn's ``match`` reads a bounded number of postings, and below the bound it is exactly the idf ranking.
+"""A turn's ``match`` leaves out a word in too many notes, and otherwise is exactly the idf ranking.
 
 The match scores each live, current note by the sum of ``1/df`` over the conversation's words it
 has. A word in every note (with 65,536 notes, "use") made it group and sort every posting of that
-word: 100 ms of CPU each turn. A word in more notes than ``match_word_postings`` is now left out,
-and the words are taken rarest first while their postings fit ``match_postings``. These tests hold
+word: 80-140 ms of CPU each turn. A word in more notes than ``match_word_postings`` is now left
+out, and the store remembers it for a while so later turns do not even count it. These tests hold
 the statement to a ranking worked out here in Python from every posting, on both databases, on
 the raw driver and through SQLAlchemy.
 """
@@ -15,9 +15,11 @@ from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+import memory.store
 from gateway.hotstore import hot_store
 from memory.models import MemoryRecord, MemoryTerm
 from memory.store import MemoryStore, note_postings
@@ -97,37 +99,51 @@ async def test_below_the_bounds_the_match_is_the_idf_ranking_of_every_shared_wor
             assert await _matched(store, words, clock.now) == want, words
 
 
-async def test_a_word_in_more_notes_than_the_bound_is_left_out_and_the_rarest_fit_the_budget(
-    engine: AsyncEngine, clock: Clock
+async def test_a_word_in_more_notes_than_the_bound_is_left_out_and_remembered_for_a_while(
+    engine: AsyncEngine, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await _seed(engine, clock.now)
-    stores = [MemoryStore(engine, clock=clock, raw=hot_store(engine)), MemoryStore(engine, clock=clock)]
     async with engine.connect() as conn:
         T = MemoryTerm.__table__
         df = Counter(t for (t,) in (await conn.execute(select(T.c.term))).all())
     common, topic, rare = df["common"], df["topic1"], df["rare7"]
     assert common > topic > rare > 0
-    for store in stores:
-        words = ["common", "topic1", "rare7"]
-        # "common" is in every note: past a bound below its postings, it is left out, the rest ranked as before.
-        assert await _matched(store, words, clock.now, match_word_postings=common - 1) == await _reference(
-            engine, ["topic1", "rare7"], clock.now
-        )
-        # At the bound exactly, it is kept.
+    words = ["common", "topic1", "rare7"]
+    for store in (MemoryStore(engine, clock=clock, raw=hot_store(engine)), MemoryStore(engine, clock=clock)):
+        # At the bound exactly, a word is kept: the ranking of every shared word.
         assert await _matched(store, words, clock.now, match_word_postings=common) == await _reference(
             engine, words, clock.now
         )
-        # A budget that fits the two rarest words' postings and not the third's: the rarest two.
-        budget = rare + topic
-        assert await _matched(store, words, clock.now, match_postings=budget) == await _reference(
-            engine, ["topic1", "rare7"], clock.now
+        # "common" is in every note: past a bound below its postings it is left out, the rest ranked as before.
+        bound = common - 1
+        without = await _reference(engine, ["topic1", "rare7"], clock.now)
+        assert await _matched(store, words, clock.now, match_word_postings=bound) == without
+        assert store._common["common"][1] == common  # remembered with its count
+        # Its next turns do not name it to the database at all (nothing to count), with the same answer.
+        asked: list[list[str]] = []
+        rows = store._candidate_rows
+
+        async def recorded(*args: Any, asked: list[list[str]] = asked, rows: Any = rows) -> Any:
+            asked.append(list(args[3].get("words", [])))  # (with_words, with_user, n_words, params, ...)
+            return await rows(*args)
+
+        monkeypatch.setattr(store, "_candidate_rows", recorded)
+        assert await _matched(store, words, clock.now, match_word_postings=bound) == without
+        assert asked == [["topic1", "rare7"]]
+        # A higher bound (another caller) still counts it; so does this one once the memory is old.
+        assert await _matched(store, words, clock.now, match_word_postings=common) == await _reference(
+            engine, words, clock.now
         )
-        assert await _matched(store, words, clock.now, match_postings=budget - 1) == await _reference(
-            engine, ["rare7"], clock.now
-        )
-        # Nothing fits: no match, and the turn still has its recent notes.
+        monkeypatch.setattr(memory.store, "COMMON_WORD_TTL_S", -1.0)
+        store._common.clear()
+        await _matched(store, words, clock.now, match_word_postings=bound)
+        asked.clear()
+        await _matched(store, words, clock.now, match_word_postings=bound)
+        assert asked == [words]
+        monkeypatch.undo()
+        # Nothing left: no match, and the turn still has its recent notes.
         got = await store.prompt_candidates(
             user_id=None, query_terms=["common"], now=clock.now, matched_limit=MATCHED, recent_limit=3,
-            personal_limit=3, match_word_postings=common - 1,
+            personal_limit=3, match_word_postings=bound,
         )  # fmt: skip
         assert got.matched_notes == [] and len(got.recent_notes) == 3
