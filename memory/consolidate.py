@@ -336,21 +336,31 @@ def _group(ids: Sequence[str], new: Mapping[str, MemoryRecordView], memo: PairMe
     # note compared before that has none of them is passed over whole. A run over a settled store
     # (the automatic distillation, every 5 minutes) then builds nothing: 1.85 s of the serving
     # process's CPU at 65,536 notes, every run, for pairs it had compared already.
-    new_words = {w for rid, ws in words.items() if rid not in before for w in ws}
-    df = _document_frequencies(memo, words, [words[rid] for rid in dict.fromkeys(fresh)])
+    fresh_words = [words[rid] for rid in dict.fromkeys(fresh)]  # the notes new to the memo: not in ``before``
+    new_words = {w for ws in fresh_words for w in ws}
+    df = _document_frequencies(memo, words, fresh_words)
+    posted_words = {w for w in new_words if 2 <= df[w] <= _MAX_DF}
     postings: dict[str, list[str]] = defaultdict(list)
-    for rid, ws in words.items():
-        for w in ws:
-            if w in new_words and 2 <= df[w] <= _MAX_DF:
-                postings[w].append(rid)
+    if posted_words:
+        for rid, ws in words.items():
+            if posted_words.isdisjoint(ws):
+                continue
+            for w in ws:
+                if w in posted_words:
+                    postings[w].append(rid)
     alike: dict[tuple[str, str], float] = {}
     if memo is not None:
         alike = {p: v for p, v in memo.alike.items() if p[0] in words and p[1] in words}
     # The words as sets, for this call only and only for the notes it compares: two sets intersect
     # in about 60% of the time a set and a tuple take, and a first run compares millions of pairs.
     sets: dict[str, frozenset[str]] = {}
+    # A note compared before leads to a pair only through a new note's word it has within the
+    # counts (a posting): the others are passed over before their rare words are sorted. A new
+    # note's common words ("the report uses ...") are in most notes, so a test of shared words
+    # passed over almost none of them: 0.3 s of a run after one new note at 65,536 notes.
+    posted = {rid for ids in postings.values() for rid in ids}
     for rid, ws in words.items():
-        if rid in before and new_words.isdisjoint(ws):
+        if rid in before and rid not in posted:
             continue
         rare = sorted((w for w in ws if 2 <= df[w] <= _MAX_DF), key=lambda w: (df[w], w))[:_RARE_WORDS]
         near: set[str] = set()
