@@ -30,8 +30,9 @@ with everything consolidation keeps, then after emptying the ``lru_cache``\ s of
 differences are what each kept. Also counts the tracked containers among the
 cached values.
 
-The store is built as ``goclaw serve``'s worker thread builds it (on SQLite the inline
-engine, with the hot store's raw reads). Another tree's code: ``GOCLAW_BENCH_SOURCE=DIR``
+The store is built as ``goclaw serve``'s job process builds it, where consolidation runs (the
+worker thread before 2026-12-06, built the same way: on SQLite the inline engine, with the hot
+store's raw reads). Another tree's code: ``GOCLAW_BENCH_SOURCE=DIR``
 (the same script, that tree's ``memory`` and ``gateway`` packages).
 
 Usage: .venv/bin/python bench/consolidation.py [--notes N] [--dup-rate F] [--seed N] [--url URL]
@@ -199,7 +200,7 @@ async def main(notes: int, dup_rate: float, seed: int, url: str | None, settled:
         t0 = time.perf_counter()
         n_dups = await fill(engine, notes, dup_rate, rng)
         print(f"filled {notes} notes ({n_dups} repeats) in {time.perf_counter() - t0:.1f} s")
-        # As the worker thread that runs consolidation in `goclaw serve` makes its store: on SQLite
+        # As the job process that runs consolidation in `goclaw serve` makes its store: on SQLite
         # the inline driver's engine, and the hot store's raw reads (gateway/memory_glue.py).
         work_engine = (
             make_inline_engine(engine.url.render_as_string(False)) if engine.dialect.name == "sqlite" else engine
