@@ -453,7 +453,7 @@ def _candidates_statement(with_words: bool, with_user: bool, matched_limit: int 
     joined them to a scan of every record (25 ms at 65,536 notes, against 4 on an index).
 
     Building a UNION of three record selects costs more than running it on
-    SQLite, so each of the four shapes is built once and reused.
+    SQLite, so each shape (words or not, a person or not, the limit) is built once and reused.
     """
     now = bindparam("now", type_=UTCDateTime())
     live_note = and_(
@@ -1691,7 +1691,9 @@ class MemoryStore:
           in SQL as the sum of ``1/df`` over the shared terms (an idf weight: rare
           words count more), ranked and limited on ``memory_terms`` alone (each
           posting carries its note's ``said_at`` and ``review_by``, on one covering
-          index), then joined to the records by primary key;
+          index), then joined to the records by primary key. A term in more than
+          ``match_word_postings`` notes (:data:`MATCH_WORD_POSTINGS`) is left out,
+          and this store leaves it out of its next statements for a while;
         - ``recent``: the newest live, current notes (``said_at`` order of the
           ``(scope, owner_user_id, status, said_at)`` index);
         - ``personal``: the person's own live personal records, newest first (same index).
