@@ -1,7 +1,8 @@
 """Turns during a consolidation run: a real ``goclaw serve`` on SQLite, its turns' latency before and during the run.
 
 The nightly consolidation clusters every current agent note (a first run over
-65,536 notes took 30-37 s of CPU in this script's runs of 2026-12-06). Wherever ``goclaw serve`` runs
+65,536 notes took 30-37 s of CPU in this script's runs of 2026-12-06, about 15 s since
+``685a194``, whose related-note lookups leave out words in every note). Wherever ``goclaw serve`` runs
 it (a worker thread of the serving process, which holds the GIL the turns'
 event loop needs, or the child job process, ``gateway/jobproc.py``), this is
 what a person chatting notices: how much slower the turns are while it runs.
