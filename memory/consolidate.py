@@ -406,7 +406,7 @@ def _document_frequencies(
 
     The memo's counts are for its last call's notes: the notes gone since are taken out and the
     new ones added, so a run after one new note does not count every note's words again (about
-    20 ms of CPU at 65,536 notes; they take about 5 MB there).
+    20 ms of CPU at 65,536 notes; they take about 2 MB there, for 67,680 distinct words).
     """
     if memo is None or memo.df is None:
         return Counter(w for ws in words.values() for w in ws)
