@@ -21,7 +21,7 @@ gateway process consolidates at a time (the others skip that run); on SQLite an
 exclusive ``flock`` on a file beside the database (``<database>-consolidation.lock``)
 does the same between ``goclaw serve`` (``notes_distill``), its job process (the
 nightly and automatic runs, ``gateway/jobproc.py``) and ``goclaw memory
-distill``; an in-memory database, which no other process can open, takes a lock
+consolidate``; an in-memory database, which no other process can open, takes a lock
 of the process. Within a process, runs never overlap.
 
 Wiring it (``gateway/app.py``)::
@@ -169,6 +169,17 @@ def sqlite_lock_path(database: str | None) -> str | None:
 
 
 @contextlib.contextmanager
+def _process_lock() -> Iterator[bool]:
+    """Try this process's consolidation lock (an in-memory database): yields whether it was taken."""
+    got = _PROCESS_LOCK.acquire(blocking=False)
+    try:
+        yield got
+    finally:
+        if got:
+            _PROCESS_LOCK.release()
+
+
+@contextlib.contextmanager
 def file_lock(path: str) -> Iterator[bool]:
     """Try an exclusive ``flock`` on ``path`` (created if missing): yields whether it was taken.
 
@@ -272,15 +283,7 @@ class Scheduler:
         """Hold the consolidation lock, across every process and thread on the same database."""
         if self.engine.dialect.name != "postgresql":
             path = sqlite_lock_path(self.engine.url.database)
-            if path is None:
-                got = _PROCESS_LOCK.acquire(blocking=False)
-                try:
-                    yield got
-                finally:
-                    if got:
-                        _PROCESS_LOCK.release()
-                return
-            with file_lock(path) as got:
+            with file_lock(path) if path is not None else _process_lock() as got:
                 yield got
             return
         async with self.engine.connect() as conn:

@@ -1205,28 +1205,27 @@ class MemoryStore:
         counts = select(T.c.term, func.count()).where(T.c.term.in_(wanted)).group_by(T.c.term)
         async with self._read() as conn:
             common = {term: int(n) for term, n in await conn.execute(counts) if n > MATCH_WORD_POSTINGS}
-        for term, n in common.items():
-            self._found_common(term, n)
-        wanted = [w for w in wanted if w not in common]
-        if not wanted:
-            return []
-        shared = (
-            select(T.c.record_id, func.count().label("n"))
-            .where(T.c.term.in_(wanted))
-            .group_by(T.c.record_id)
-            .subquery("shared")
-        )
-        q = (
-            select(MemoryRecord.__table__, shared.c.n)
-            .join(shared, shared.c.record_id == R.id)
-            .where(R.status == "live", R.scope == "agent_notes")
-            .where(or_(R.review_by.is_(None), R.review_by > self.now()))
-            .order_by(shared.c.n.desc(), R.said_at.desc(), R.id)
-            .limit(limit)
-        )
-        if exclude_id is not None:
-            q = q.where(R.id != exclude_id)
-        async with self._read() as conn:
+            for term, n in common.items():
+                self._found_common(term, n)
+            wanted = [w for w in wanted if w not in common]
+            if not wanted:
+                return []
+            shared = (
+                select(T.c.record_id, func.count().label("n"))
+                .where(T.c.term.in_(wanted))
+                .group_by(T.c.record_id)
+                .subquery("shared")
+            )
+            q = (
+                select(MemoryRecord.__table__, shared.c.n)
+                .join(shared, shared.c.record_id == R.id)
+                .where(R.status == "live", R.scope == "agent_notes")
+                .where(or_(R.review_by.is_(None), R.review_by > self.now()))
+                .order_by(shared.c.n.desc(), R.said_at.desc(), R.id)
+                .limit(limit)
+            )
+            if exclude_id is not None:
+                q = q.where(R.id != exclude_id)
             return [(_view(r), int(r.n)) for r in await conn.execute(q)]
 
     # ---- review: confirm, reject, retract -------------------------------------------------
