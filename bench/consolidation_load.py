@@ -69,7 +69,7 @@ from typing import IO
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from turn_overhead import ROOT, TOKEN, Gateway, cpu_seconds, pct, wait_up
+from turn_overhead import ROOT, TOKEN, Gateway, cpu_seconds, lock_waits, pct, wait_up
 
 END_MARK = "consolidation (nightly):"
 """Logged by ``gateway.scheduler`` when the nightly run ends (``log.info("consolidation (%s): %s", ...)``)."""
@@ -118,6 +118,8 @@ class Window:
     seconds: float
     latencies: list[float]
     cpu: Cpu
+    waits: tuple[float, float, float]
+    """The turns' writes that waited for SQLite's write lock in the window: (writes, busy tries, seconds)."""
 
     @property
     def turns_per_s(self) -> float:
@@ -283,12 +285,14 @@ async def measure(name: str, source: Path, run: int, tmp: Path, args: argparse.N
         await sleep_until(t0_wall - QUIET_S)
 
         pid, stop = g.proc.pid, asyncio.Event()
-        quiet_start, cpu_start = time.time(), Cpu.read(pid)
+        quiet_start, cpu_start, waits_start = time.time(), Cpu.read(pid), await lock_waits(g.port)
         cpu_at_t0: list[Cpu] = []
+        waits_at: list[tuple[float, float, float]] = []
 
         async def at_t0() -> None:
             await sleep_until(t0_wall)
             cpu_at_t0.append(Cpu.read(pid))
+            waits_at.append(await lock_waits(g.port))
 
         driving = asyncio.create_task(drive(g.url, args.clients, args.text, stop))
         sampling = asyncio.create_task(at_t0())
@@ -298,6 +302,7 @@ async def measure(name: str, source: Path, run: int, tmp: Path, args: argparse.N
             timeout = t0_wall + args.timeout - time.time()
             await asyncio.wait({driving, ended}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if ended.done():
+                waits_at.append(await lock_waits(g.port))  # a turn or two past the end line: its window's
                 await asyncio.sleep(AFTER_END_S)
         finally:
             stop.set()
@@ -320,19 +325,25 @@ async def measure(name: str, source: Path, run: int, tmp: Path, args: argparse.N
         t0_wall - quiet_start,
         [ms for at, ms in turns if quiet_start <= at < t0_wall],
         cpu_at_t0[0] - cpu_start,
+        _less(waits_at[0], waits_start),
     )
     busy = Window(
         end_wall - t0_wall,
         [ms for at, ms in turns if t0_wall <= at < end_wall],
         cpu_end - cpu_at_t0[0],
+        _less(waits_at[1], waits_at[0]),
     )
     return Result(name, run, quiet, busy, end_line, seed_s)
+
+
+def _less(a: tuple[float, float, float], b: tuple[float, float, float]) -> tuple[float, float, float]:
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
 
 
 def table(results: list[Result]) -> str:
     head = (
         f"{'tree':8} {'run':>3} {'window':13} {'secs':>6} {'turns':>6} {'turns/s':>8} {'p50 ms':>7} {'p99 ms':>8}"
-        f" {'max ms':>8}  {'CPU s: serve (loop)':>19} {'children':>8}"
+        f" {'max ms':>8}  {'CPU s: serve (loop)':>19} {'children':>8}  {'lock waits':>10} {'ms waited':>9}"
     )
     rows = [head, "-" * len(head)]
     for r in results:
@@ -341,6 +352,7 @@ def table(results: list[Result]) -> str:
                 f"{r.tree:8} {r.run:>3} {label:13} {w.seconds:6.1f} {len(w.latencies):6d} {w.turns_per_s:8.1f}"
                 f" {w.p(0.5):7.2f} {w.p(0.99):8.2f} {max(w.latencies, default=float('nan')):8.2f}"
                 f"  {w.cpu.own:11.2f} ({w.cpu.loop:5.2f}) {w.cpu.children:8.2f}"
+                f"  {w.waits[0]:10.0f} {w.waits[2] * 1000:9.1f}"
             )
     return "\n".join(rows)
 
