@@ -39,6 +39,7 @@ import pytest
 from sqlalchemy import func, select
 
 from gateway.db import make_engine, upgrade
+from gateway.jobproc import JOB_NICE, JOB_SWITCH_INTERVAL_S
 from gateway.models import Job, Message
 from memory.models import MemoryRecord
 
@@ -578,6 +579,15 @@ def test_on_sqlite_the_job_process_is_restarted_on_serve_s_config_and_never_outl
     try:
         wait_for(lambda: healthy(port), "goclaw serve", procs)
         first = wait_for(lambda: _job_pids(log), "the job process to start", procs)
+        # Background work by definition: the kernel gives serve the CPU first, and the GIL's switch
+        # interval is short, so a write transaction of its loop never waits 5 ms behind a clustering thread.
+        wait_for(
+            lambda: f"GIL switch interval {JOB_SWITCH_INTERVAL_S * 1000:.1f} ms" in log.read_text(),
+            "the job process's switch interval in the log",
+            procs,
+        )
+        niceness = min(19, os.getpriority(os.PRIO_PROCESS, serve.pid) + JOB_NICE)
+        assert os.getpriority(os.PRIO_PROCESS, first[0]) == niceness
 
         def converse(prefix: str) -> None:
             for i in range(5):  # the fifth passes max_messages: a trim and its extraction job
