@@ -39,13 +39,16 @@ def terms(text: str) -> list[str]:
     """The searchable words of a text, in order, without stopwords or one-letter words.
 
     A trailing plural ``s`` is dropped (``reports`` -> ``report``) so a
-    question finds the note that answers it.
+    question finds the note that answers it; a word that is a stopword once
+    it is dropped (``uses`` -> ``use``) is left out as the stopword is.
     """
     # One comprehension: the prompt's query terms run this over the conversation on every turn.
     return [
-        (word[:-1] if len(word) > 3 and word[-1] == "s" and word[-2] != "s" else word)[:MAX_TERM_CHARS]
+        term
         for word in _TERM.findall(text.lower())
         if word not in STOPWORDS
+        and (term := (word[:-1] if len(word) > 3 and word[-1] == "s" and word[-2] != "s" else word)[:MAX_TERM_CHARS])
+        not in STOPWORDS
     ]
 
 

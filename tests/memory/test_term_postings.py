@@ -98,3 +98,41 @@ async def test_the_migration_stamps_existing_postings_and_downgrades(db_url: str
         assert await _postings_agree_with_records(engine) == {"m_old"}
     finally:
         await engine.dispose()
+
+
+async def test_a_plural_whose_singular_is_a_stopword_is_not_indexed(writer: MemoryWriter, engine: AsyncEngine) -> None:
+    # "uses" is "use", a stopword: in most of an organisation's notes, it said nothing about any of them.
+    note = await writer.write(
+        ALICE, "agent_notes", "live", subject="daily report", content="The daily report uses example_orders and makes "
+        "one chart for the others", said_at=T0,
+    )  # fmt: skip
+    assert note.record
+    async with engine.connect() as conn:
+        posted = set((await conn.execute(select(MemoryTerm.term))).scalars())
+    assert posted == {"daily", "report", "example", "order", "chart"}
+
+
+async def test_the_migration_deletes_the_stopword_postings_written_before(db_url: str) -> None:
+    engine = make_engine(db_url)
+    try:
+        await upgrade(engine, "0022_terms_review_by")
+        row = {
+            "id": "m_old", "scope": "agent_notes", "owner_user_id": None, "subject": "daily report",
+            "subject_key": subject_key("daily report"), "content": "the report uses example_orders", "status": "live",
+            "said_at": T0, "recorded_at": T0, "review_by": None, "source": "live", "author_user_id": "u_alice",
+            "author_role": "admin", "session_id": None, "evidence": [], "run_id": None, "superseded_by": None,
+        }  # fmt: skip
+        async with engine.begin() as conn:
+            await conn.execute(MemoryRecord.__table__.insert().values(**row))
+            for w in ("daily", "report", "use", "example_orders"):  # as the code before indexed it
+                await conn.execute(
+                    text("INSERT INTO memory_terms (term, record_id, said_at) VALUES (:t, :r, :s)"),
+                    {"t": w, "r": "m_old", "s": T0},
+                )
+        await upgrade(engine)
+        async with engine.connect() as conn:
+            left = set((await conn.execute(text("SELECT term FROM memory_terms"))).scalars())
+        assert left == {"daily", "report", "example_orders"}
+        assert await _postings_agree_with_records(engine) == {"m_old"}
+    finally:
+        await engine.dispose()
