@@ -9,9 +9,12 @@ of the store's statements for ``COMMON_WORD_TTL_S``); below that bound the ranki
 
 Fills one database, once, with ``bench/consolidation.py``'s ``fill`` (this tree's code, 1% repeats,
 seed 7): ``--notes`` live notes, each with the subject "note N" and a content "The <topic> <5-9
-words> uses <word>_<n>.", so "note" and "use" (the stemmer's "uses") are in every note and each of
-20 topic words in about 5%. On PostgreSQL (``--postgres``) a fresh database, analyzed as autovacuum
-would (``VACUUM ANALYZE``) and dropped at the end. Then, for each tree (this one and with
+words> uses <word>_<n>.", so "note" is in every note and each of 20 topic words in about 5%. So was
+"use" (the stemmer's "uses") while the index took a plural's singular that is a stop word; since
+``ef5b3b8`` it does not, and with the database filled by such a tree "use" has no postings (the
+queries with it then show a word the index leaves out, and "note" is the word in every note).
+On PostgreSQL (``--postgres``) a fresh database, analyzed as autovacuum would (``VACUUM ANALYZE``)
+and dropped at the end. Then, for each tree (this one and with
 ``--baseline-source DIR`` another, e.g. a worktree of ``aec8d3c``, the tree before), a
 process of its own with that tree first on ``sys.path`` (``bench/ab.py``: the trees take turns
 going first, run after run; medians of ``--runs``), on that same database, with the store built as
