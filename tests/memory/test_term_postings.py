@@ -6,7 +6,8 @@ so a posting whose values differ from its record's would choose other notes than
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -69,17 +70,21 @@ async def test_every_path_that_indexes_a_note_stamps_its_postings(writer: Memory
     assert ids == {live.record.id, newer.record.id, held.record.id, merged.record.id}
 
 
+def _old_note(subject: str, content: str, said: datetime, review: datetime | None) -> dict[str, Any]:
+    """A live admin's note ``m_old``, as a row inserted under an older revision of the schema."""
+    return {
+        "id": "m_old", "scope": "agent_notes", "owner_user_id": None, "subject": subject,
+        "subject_key": subject_key(subject), "content": content, "status": "live", "said_at": said,
+        "recorded_at": said, "review_by": review, "source": "live", "author_user_id": "u_alice",
+        "author_role": "admin", "session_id": None, "evidence": [], "run_id": None, "superseded_by": None,
+    }  # fmt: skip
+
+
 async def test_the_migration_stamps_existing_postings_and_downgrades(db_url: str) -> None:
     engine = make_engine(db_url)
     try:
         await upgrade(engine, "0012_answering")
-        said, review = T0 - DAY, T0 + 10 * DAY
-        row = {
-            "id": "m_old", "scope": "agent_notes", "owner_user_id": None, "subject": "backup window",
-            "subject_key": subject_key("backup window"), "content": "backups run at 02:00", "status": "live",
-            "said_at": said, "recorded_at": said, "review_by": review, "source": "live", "author_user_id": "u_alice",
-            "author_role": "admin", "session_id": None, "evidence": [], "run_id": None, "superseded_by": None,
-        }  # fmt: skip
+        row = _old_note("backup window", "backups run at 02:00", T0 - DAY, T0 + 10 * DAY)
         words = note_terms(row["subject"], row["content"])
         async with engine.begin() as conn:
             await conn.execute(MemoryRecord.__table__.insert().values(**row))
@@ -116,12 +121,7 @@ async def test_the_migration_deletes_the_stopword_postings_written_before(db_url
     engine = make_engine(db_url)
     try:
         await upgrade(engine, "0022_terms_review_by")
-        row = {
-            "id": "m_old", "scope": "agent_notes", "owner_user_id": None, "subject": "daily report",
-            "subject_key": subject_key("daily report"), "content": "the report uses example_orders", "status": "live",
-            "said_at": T0, "recorded_at": T0, "review_by": None, "source": "live", "author_user_id": "u_alice",
-            "author_role": "admin", "session_id": None, "evidence": [], "run_id": None, "superseded_by": None,
-        }  # fmt: skip
+        row = _old_note("daily report", "the report uses example_orders", T0, None)
         async with engine.begin() as conn:
             await conn.execute(MemoryRecord.__table__.insert().values(**row))
             for w in ("daily", "report", "use", "example_orders"):  # as the code before indexed it
