@@ -83,11 +83,12 @@ A consolidation run clusters the notes on a thread (``asyncio.to_thread``) while
 process's loop goes on claiming and finishing jobs and writing memory, each write a
 SQLite transaction that holds the database's one write lock. Every statement releases
 the GIL, and the loop's thread waited up to the interval to have it back from the
-clustering thread before its next statement: write transactions of 0.1-0.4 ms took
-20-53 ms, and the serving process's turns waited for them (``bench/consolidation_load.py``
-at 65,536 notes, 2026-12-06: the turns' p99 during the run 11.8-20.1 ms against 3.7
-before it). At 0.5 ms a transaction waits a tenth of that; the clustering thread gives
-the GIL up more often, which costs it little beside what it computes between two hand-offs.
+clustering thread before its next statement: write transactions of 0.1-0.4 ms held the
+lock 20-53 ms (an instrumented run), and the serving process's turns waited for them. With
+0.5 ms, ``bench/consolidation_load.py --runs 3`` at 65,536 notes (2026-12-06, medians): the
+turns' p99 during the first nightly run 7.57 ms against 20.71 (1.71x the quiet time's
+against 5.50x), their waits for the lock 1.31 s against 2.36; the run took 11.3 s against
+10.8, its clustering thread giving the GIL up ten times as often.
 """
 DISTILL_DOWN = (
     "Consolidation runs in the gateway's job process, which is not running right now (it is started again "
