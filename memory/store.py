@@ -445,7 +445,7 @@ _COMMON_WORDS_KEPT = 4_096
 
 
 @lru_cache(maxsize=16)
-def _candidates_statement(with_words: bool, with_user: bool, matched_limit: int = 48) -> Any:
+def _candidates_statement(with_words: bool, with_user: bool, matched_limit: int) -> Any:
     """The prompt-candidates statement for one shape, built once (values are bind parameters).
 
     ``matched_limit`` is written into the statement: PostgreSQL's generic plan of a prepared
@@ -643,7 +643,7 @@ def _candidates_compiled(dialect: Any, with_words: bool, with_user: bool, matche
 
 @lru_cache(maxsize=64)
 def _candidates_sql(
-    dialect: Any, with_words: bool, with_user: bool, n_words: int, matched_limit: int = 48
+    dialect: Any, with_words: bool, with_user: bool, n_words: int, matched_limit: int
 ) -> tuple[str, tuple[str, ...], dict]:
     """``_candidates_statement`` for ``n_words`` words, as the driver's own SQL.
 
@@ -653,8 +653,7 @@ def _candidates_sql(
     that compiled form's ``IN`` lists (about 0.05 ms), so a turn whose conversation
     has a word count not seen before does not pay a compile.
     """
-    sample: dict[str, Any] = {"now": datetime.now(UTC), "recent_limit": 0}
-    sample["match_word_postings"] = 0
+    sample: dict[str, Any] = {"now": datetime.now(UTC), "recent_limit": 0, "match_word_postings": 0}
     sample.update(user_id="", personal_limit=0, words=[""] * n_words)
     expanded = _candidates_compiled(dialect, with_words, with_user, matched_limit).construct_expanded_state(sample)
     names = tuple(expanded.positiontup or ())
@@ -1619,7 +1618,7 @@ class MemoryStore:
         return out
 
     async def _candidate_rows(
-        self, with_words: bool, with_user: bool, n_words: int, params: dict[str, Any], matched_limit: int = 48
+        self, with_words: bool, with_user: bool, n_words: int, params: dict[str, Any], matched_limit: int
     ) -> list[tuple[Any, float, str]]:
         """The rows of ``_candidates_statement`` as (record, score, part): on the raw driver when given one.
 
