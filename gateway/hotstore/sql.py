@@ -73,12 +73,15 @@ QUEUE_JOB = (
     "INSERT INTO jobs (kind, payload, status, attempts, run_after, created_at)"
     " VALUES (?, ?, 'pending', 0, ?, ?) RETURNING id"
 )
-# The same, unless the job named (by id) is still pending, of the same kind and session: then no row (it will
-# do what this one would). Kind and session are checked too: on SQLite a deleted job's id may be given again.
+# Job ? still pending, of kind ? and for session ?. Kind and session are checked too: on SQLite a deleted
+# job's id may be given again.
+PENDING_JOB = (
+    "SELECT 1 FROM jobs WHERE id = ? AND status = 'pending' AND kind = ? AND json_extract(payload, '$.session_id') = ?"
+)
+# ``QUEUE_JOB``, unless that job is still pending: then no row (it will do what this one would).
 QUEUE_JOB_UNLESS_PENDING = (
     "INSERT INTO jobs (kind, payload, status, attempts, run_after, created_at)"
-    " SELECT ?, ?, 'pending', 0, ?, ? WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = ? AND status = 'pending'"
-    " AND kind = ? AND json_extract(payload, '$.session_id') = ?) RETURNING id"
+    " SELECT ?, ?, 'pending', 0, ?, ? WHERE NOT EXISTS (" + PENDING_JOB + ") RETURNING id"
 )
 
 # ---- the job queue (the worker's every job: claim, the trimmed slice, done) -------------

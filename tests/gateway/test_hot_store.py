@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -606,6 +607,29 @@ async def test_a_job_is_queued_unless_the_one_named_is_still_pending(engine: Asy
     (row,) = [j for j in await store.jobs() if j.id == second]
     assert (row.kind, row.status, row.payload, row.attempts) == ("trim", "pending", {"session_id": "s1", "n": 3}, 0)
     assert row.run_after == clock.now and row.created_at == clock.now
+
+
+async def test_on_sqlite_a_trim_still_pending_is_seen_without_the_write_lock(tmp_path: Path, clock: Clock) -> None:
+    # Each turn past max_messages asks for a trim until the job process claims the pending one. The ask took
+    # the write lock to write nothing, and waited for the job process's writes to do it.
+    path = tmp_path / "q.db"
+    engine = make_engine(f"sqlite+aiosqlite:///{path}")
+    try:
+        await upgrade(engine)
+        hot = hot_store(engine)
+        first = await hot.queue_job("trim", {"session_id": "s1"}, clock.now)
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # the job process's write transaction, held
+        try:
+            ask = hot.queue_job_unless_pending("trim", {"session_id": "s1"}, clock.now, first)
+            assert await asyncio.wait_for(ask, timeout=20) is None  # the lock's holder never let it go
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        store = SessionStore(engine, clock=clock)
+        assert [j.id for j in await store.jobs()] == [first]
+    finally:
+        await engine.dispose()
 
 
 async def test_each_job_is_claimed_once_across_processes_and_reads_back_as_stored(
