@@ -37,6 +37,12 @@ _CLAUSE_BREAK = re.compile(
     r",?\s+and\s+(?=(?:from\s+now\s+on|always|never)\b)",
     _I,
 )
+# What every ``_CLAUSE_BREAK`` holds: a sentence without it is one clause. One search of it costs about a
+# third of the split's, and most sentences have no such clause (tests/memory/test_rules.py holds the two together).
+_CLAUSE_CUE = re.compile(
+    r"\b(?:so|therefore|hence|thus|and)\s+(?:from\s+now\s+on|always|never|rule\s*:|use)\b",
+    _I,
+)
 
 _AUTHORITY = (
     r"manager|boss|admin(?:istrator)?|supervisor|team lead|lead|owner|director|head of [a-z ]+?|"
@@ -74,6 +80,10 @@ _PREFER = re.compile(r"\bI\s+(?:prefer|like|(?:would|'d)\s+(?:prefer|like))\s+(?
 _STYLE = re.compile(
     r"\b(?:be|keep\s+it|keep\s+(?:your\s+)?answers)\s+(?P<how>brief|short|concise|detailed|formal|casual)\b", _I
 )
+# A word that each pattern ``_personal`` reads starts with, followed there by a space or an apostrophe: a
+# sentence without one (most requests and procedures) is nothing personal, and one search says so where
+# eleven did (tests/memory/test_rules.py holds the patterns to it).
+_PERSONAL_CUE = re.compile(r"\b(?:I|my|call|answer|reply|respond|write|speak|talk|be|keep)\b", _I)
 _DIRECTIVE = re.compile(
     r"^\s*(?:rule\s*:|from\s+now\s+on\b|going\s+forward\b|as\s+of\s+now\b|always\b|never\b|"
     r"(?:please\s+)?(?:make\s+sure\s+to|remember\s+to|remember\s+that)\b)\s*,?\s*",
@@ -123,16 +133,21 @@ def _clean(text: str) -> str:
     return " ".join(text.strip().strip(",.;:!?… ").split())
 
 
+# "yourself", "your" and "you" as words. Which one matched is told by its length: case-insensitive
+# matching is one character for one ("YOURſELF" is "yourself"), so lowercasing the match would not tell.
+_SECOND_PERSON = re.compile(r"\b(?:yourself|your|you)\b", _I)
+_THIRD_PERSON = {len("yourself"): "itself", len("your"): "the agent's", len("you"): "the agent"}
+
+
 def _third_person(text: str) -> str:
-    text = re.sub(r"\byourself\b", "itself", text, flags=_I)
-    text = re.sub(r"\byour\b", "the agent's", text, flags=_I)
-    return re.sub(r"\byou\b", "the agent", text, flags=_I)
+    return _SECOND_PERSON.sub(lambda m: _THIRD_PERSON[len(m.group())], text)
 
 
 def _sentences(text: str) -> list[str]:
     out: list[str] = []
     for sentence in _SENTENCE_END.split(text):
-        out.extend(c for c in (_clean(x) for x in _CLAUSE_BREAK.split(sentence)) if c)
+        clauses = _CLAUSE_BREAK.split(sentence) if _CLAUSE_CUE.search(sentence) else (sentence,)
+        out.extend(c for c in (_clean(x) for x in clauses) if c)
     return out
 
 
@@ -190,6 +205,8 @@ def operational_subject(text: str) -> str:
 
 def _personal(sentence: str) -> list[ExtractedItem]:
     items: list[ExtractedItem] = []
+    if not _PERSONAL_CUE.search(sentence):
+        return items
     claim = _CLAIM.search(sentence)
     if claim:
         # policy: "self-declared authority != authority" -- kept at most as a personal note, as a claim.
@@ -270,8 +287,8 @@ def _operational(sentence: str) -> list[ExtractedItem]:
             ExtractedItem("operational", f"{noun} data source", f"The {noun} is produced from {_clean(m.group('src'))}")
         )
         return items
-    has_ref = bool(_IDENTIFIER.search(body) or _HOST.search(body))
-    if directive or (has_ref and _THING_IS.match(body)):
+    # The anchored match first: most sentences are no "X is Y", and the two searches cost more.
+    if directive or (_THING_IS.match(body) and (_IDENTIFIER.search(body) or _HOST.search(body))):
         content = body[:1].upper() + body[1:]
         if directive and re.match(r"\s*never\b", sentence, _I):
             content = "Never " + body

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from memory import rules
 from memory.extract import parse_extraction
 from memory.rules import builtin_extract, classify, is_directive, operational_subject
 from memory.transcript import render_transcript
@@ -104,3 +108,92 @@ def test_builtin_extract_reads_only_speaker_lines() -> None:
 def test_classification_is_deterministic() -> None:
     text = "I am your manager. Always use example_orders. Produce today's report. Answer me in English."
     assert classify(text) == classify(text)
+
+
+# Each pattern's opening words and the words around them, written as case-insensitive matching reads them too
+# ("ſ" is "s", the Kelvin sign "k", "ı" "i"), and the separators the patterns read.
+_CUE_PHRASES = [
+    *"I'm the admin|I am your manager|my role is owner|my name is Ann|you can call me Bob|I work at Acme".split("|"),
+    *"I am an engineer at Acme|my timezone is UTC|I'm based in Lyon|answer me in French|reply in English".split("|"),
+    *"keep it brief|keep your answers short|be concise|I prefer short answers|I'd like tables".split("|"),
+    *"so from now on|so always|done and never|therefore use|hence rule:|thus never|ok, and from now on".split("|"),
+    *"I|my|call|answer|be|keep|so|and|the report|uses|Im|I'|myname|I\u00a0am|yours|write to me in German".split("|"),
+]
+_LOOKALIKES = str.maketrans({"s": "ſ", "k": "\u212a", "i": "ı"})
+
+
+def _written(phrase: str, how: int) -> str:
+    return (phrase, phrase.upper(), phrase.translate(_LOOKALIKES), phrase.title())[how]
+
+
+_CUE_TEXT = (
+    st.lists(
+        st.tuples(
+            st.sampled_from(_CUE_PHRASES),
+            st.integers(0, 3),
+            st.sampled_from([" ", "  ", ", ", "\n", "\t", "'", "-", "", "."]),
+        ),
+        max_size=6,
+    ).map(lambda parts: "".join(_written(p, how) + sep for p, how, sep in parts))
+    | st.text(alphabet="IiıİmMyYcalkKsSoeu'\u212a \t\n-", max_size=30)
+    | st.text(max_size=40)
+)
+
+
+def _no_personal_pattern_without_the_cue(text: str) -> None:
+    # _personal returns nothing at once for a sentence without a cue: that is only right if no pattern it
+    # reads could have matched it.
+    if rules._PERSONAL_CUE.search(text) is None:
+        for pattern in (rules._CLAIM, rules._ROLE_IS, rules._NAME, rules._CALL_ME, rules._WORK, rules._JOB):
+            assert pattern.search(text) is None, pattern.pattern
+        for pattern in (rules._MY_X_IS, rules._BASED, rules._LANGUAGE, rules._STYLE, rules._PREFER):
+            assert pattern.search(text) is None, pattern.pattern
+
+
+def _no_clause_break_without_the_cue(text: str) -> None:
+    if rules._CLAUSE_CUE.search(text) is None:
+        assert rules._CLAUSE_BREAK.search(text) is None
+
+
+@pytest.mark.parametrize("how", range(4))
+@pytest.mark.parametrize("phrase", _CUE_PHRASES)
+def test_each_phrase_a_pattern_opens_with_holds_its_cue(phrase: str, how: int) -> None:
+    for text in (_written(phrase, how), "well, " + _written(phrase, how) + " today"):
+        _no_personal_pattern_without_the_cue(text)
+        _no_clause_break_without_the_cue(text)
+
+
+@given(text=_CUE_TEXT)
+def test_a_sentence_without_a_personal_cue_matches_no_personal_pattern(text: str) -> None:
+    _no_personal_pattern_without_the_cue(text)
+
+
+@given(text=_CUE_TEXT)
+def test_a_sentence_without_a_clause_cue_has_no_clause_break(text: str) -> None:
+    _no_clause_break_without_the_cue(text)
+
+
+def _third_person_plainly(text: str) -> str:
+    text = re.sub(r"\byourself\b", "itself", text, flags=re.IGNORECASE)
+    text = re.sub(r"\byour\b", "the agent's", text, flags=re.IGNORECASE)
+    return re.sub(r"\byou\b", "the agent", text, flags=re.IGNORECASE)
+
+
+@given(
+    text=_CUE_TEXT
+    | st.lists(st.sampled_from(["you", "YOUR", "yourself", "yourſelf", "yours", "you're", "x"])).map(" ".join)
+)
+def test_second_person_becomes_the_agent_as_three_substitutions_in_turn_would_make_it(text: str) -> None:
+    assert rules._third_person(text) == _third_person_plainly(text)
+
+
+def test_the_cues_leave_what_the_classifier_finds_as_it_was() -> None:
+    # Sentences each cue lets through, and the shapes around them, classified as before the cues.
+    assert classify("so from now on use example_archive") == [
+        ExtractedItem("operational", "report data source", "Use example_archive")
+    ]
+    assert kinds("I'm based in Lyon, and always use UTC") == ["identity", "operational"]
+    assert classify("keep it brief") == [ExtractedItem("preference", "answer style", "Wants answers brief")]
+    assert classify("produce the report for yourself and your team") == [
+        ExtractedItem("request", "request", "Produce the report for itself and the agent's team")
+    ]
