@@ -504,11 +504,20 @@ class SessionStore:
         makes no duplicate. ``_crash_after`` exists for the crash tests only.
         """
         planned: list[TrimWrite] = []
+        planned_from: list[tuple[TrimSession, list[MessageRow]]] = []  # each plan's session and live rows
 
         def plan(session: TrimSession, live_rows: list[MessageRow]) -> TrimWrite | None:
             if len(live_rows) <= max_messages:
                 return None
             live = in_answer_order(live_rows)  # ordering: a message and its reply are cut together
+            if planned_from:
+                before, rows_before = planned_from[-1]
+                if before == session and live[: len(rows_before)] == rows_before:
+                    # Planned again (on SQLite, inside the write lock) only because rows came after the ones
+                    # planned from, each unchanged and in the same order: a turn stored its message and reply
+                    # meanwhile. The slice planned is still the oldest, none of its messages is answered by a
+                    # later row, and the new rows (later ids) stay live with the kept ones: that plan holds.
+                    return planned[-1]
             cut = [self._stored_message(r) for r in live[: len(live) - keep_messages]]
             slices = [m.as_slice() for m in cut]
             archive_id = "a_" + secrets.token_hex(8)
@@ -542,6 +551,7 @@ class SessionStore:
                 crash_after=_crash_after,
             )
             planned.append(write)
+            planned_from.append((session, live))
             return write
 
         job_id = await self._hot.trim(session_id, plan)

@@ -412,7 +412,8 @@ class SQLiteHotStore(HotStore):
         clients, measured). So it is planned from a read of the session and its live
         rows, and the write transaction reads their keys again: unchanged (no message
         stored or answered meanwhile, the session row as read), it writes that plan;
-        changed, it plans again inside, as a single transaction always did.
+        changed, it plans again inside, as a single transaction always did (``SessionStore.trim``'s
+        plan keeps the first when only rows after those it was made from came meanwhile).
         """
         decoded = self._decoded
         read = await self._run(lambda conn: _trim_read(conn, session_id, decoded), write=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import asyncpg
@@ -25,7 +25,7 @@ from gateway.hotstore.sql import numbered
 from gateway.hotstore.sqlite import encode_time
 from gateway.llm.base import ChatMessage, Completion, JsonSchema, Tool
 from gateway.llm.builtin import BuiltinProvider
-from gateway.sessions import TRIM_JOB, SessionKey, SessionStore
+from gateway.sessions import TRIM_JOB, SessionKey, SessionStore, TrimResult
 from gateway.turn import TurnRequest, TurnResult
 from pairing import Principal
 from pairing.principal import Role
@@ -162,39 +162,73 @@ async def three_messages(engine: AsyncEngine, clock: Clock) -> tuple[SessionStor
     return store, sid
 
 
-async def test_on_sqlite_a_trim_plans_without_the_write_lock_and_plans_again_if_a_message_came_meanwhile(
-    tmp_path: Path, clock: Clock
-) -> None:
+async def _trim_while_a_turn_stores(
+    tmp_path: Path, clock: Clock, meanwhile: Callable[[sqlite3.Connection, str, str], None]
+) -> tuple[list[str], list[str], TrimResult | None, int]:
+    """Trim t0, t1, t2 to one kept message while ``meanwhile`` writes, from another connection, as the trim plans.
+
+    Returns the history after, the slice archived, the trim and how many times it planned.
+    """
     path = tmp_path / "g.db"
     engine = make_engine(f"sqlite+aiosqlite:///{path}")
     await upgrade(engine)
+    store, sid = await three_messages(engine, clock)
+    plans = 0
+
+    def trust_of(_slice: Sequence[object]) -> str:
+        # Called while the trim plans: a turn (another connection, no busy wait) writes now.
+        nonlocal plans
+        plans += 1
+        if plans == 1:
+            turn = sqlite3.connect(path, isolation_level=None, timeout=0)
+            try:
+                turn.execute("BEGIN IMMEDIATE")  # "database is locked" if the trim held the write lock
+                meanwhile(turn, sid, encode_time(clock.now))
+                turn.execute("COMMIT")
+            finally:
+                turn.close()
+        return "user"
+
     try:
-        store, sid = await three_messages(engine, clock)
-        plans = 0
-
-        def trust_of(_slice: Sequence[object]) -> str:
-            # Called while the trim plans: a turn (another connection, no busy wait) stores a message now.
-            nonlocal plans
-            plans += 1
-            if plans == 1:
-                turn = sqlite3.connect(path, isolation_level=None, timeout=0)
-                try:
-                    turn.execute("BEGIN IMMEDIATE")  # "database is locked" if the trim held the write lock
-                    at = encode_time(clock.now)
-                    turn.execute(sql.STORE, (sid, "t3", ALICE.user_id, "user", "Alice", "t3", at, False, at, None))
-                    turn.execute("COMMIT")
-                finally:
-                    turn.close()
-            return "user"
-
         done = await store.trim(sid, max_messages=2, keep_messages=1, turn_principal=ALICE, trust_of=trust_of)
-        # Planned twice: the first plan (two of three cut) was not written over a history it had not seen.
-        assert plans == 2
-        assert done is not None and done.message_count == 3
-        assert [m.text for m in await store.history(sid)] == ["t3"]
-        assert [m.text for m in await store.archive_messages(done.archive_id)] == ["t0", "t1", "t2"]
+        history = [m.text for m in await store.history(sid)]
+        archived = [] if done is None else [m.text for m in await store.archive_messages(done.archive_id)]
     finally:
         await engine.dispose()
+    return history, archived, done, plans
+
+
+async def test_on_sqlite_a_trim_plans_without_the_write_lock_and_keeps_its_plan_when_a_turn_adds_to_the_history(
+    tmp_path: Path, clock: Clock
+) -> None:
+    def new_message(turn: sqlite3.Connection, sid: str, at: str) -> None:
+        turn.execute(sql.STORE, (sid, "t3", ALICE.user_id, "user", "Alice", "t3", at, False, at, None))
+
+    history, archived, done, plans = await _trim_while_a_turn_stores(tmp_path, clock, new_message)
+    # Planned once: the slice it planned (two of three) is still the oldest, and the write lock was not held
+    # to plan again. The message stored meanwhile stays live with the one kept.
+    assert plans == 1
+    assert done is not None and done.message_count == 2
+    assert archived == ["t0", "t1"]
+    assert history == ["t2", "t3"]
+
+
+async def test_on_sqlite_a_trim_plans_again_when_a_reply_to_its_slice_came_meanwhile(
+    tmp_path: Path, clock: Clock
+) -> None:
+    def reply_to_t0(turn: sqlite3.Connection, sid: str, at: str) -> None:
+        (t0,) = turn.execute(
+            "SELECT id FROM messages WHERE session_id = ? AND platform_message_id = 't0'", (sid,)
+        ).fetchone()
+        turn.execute(sql.STORE, (sid, "t0:reply", None, None, "goclaw", "r0", at, True, at, t0))
+
+    history, archived, done, plans = await _trim_while_a_turn_stores(tmp_path, clock, reply_to_t0)
+    # ordering: the reply goes with its message, so the slice planned (t0, t1) is no longer the oldest two:
+    # planned again, inside the write transaction, over the rows as they are now.
+    assert plans == 2
+    assert done is not None
+    assert sorted(archived) == ["r0", "t0", "t1"]  # the archive reads back in id order
+    assert history == ["t2"]
 
 
 async def test_on_postgresql_a_turn_stores_a_message_while_a_trim_holds_the_session(pg_url: str, clock: Clock) -> None:
