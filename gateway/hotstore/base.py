@@ -250,7 +250,7 @@ class HotStore(abc.ABC):
 
         ``payload`` names a ``session_id``; the pending job counts only if it is of the same kind and
         session (on SQLite a deleted job's id may be given to another job). One statement: the look
-        and the insert in the same snapshot.
+        and the insert in the same snapshot (SQLite looks once before it, without the write lock).
         """
 
     @abc.abstractmethod
