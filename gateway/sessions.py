@@ -503,21 +503,20 @@ class SessionStore:
         slice, so a crash in between leaves the history as it was and a rerun
         makes no duplicate. ``_crash_after`` exists for the crash tests only.
         """
-        planned: list[TrimWrite] = []
-        planned_from: list[tuple[TrimSession, list[MessageRow]]] = []  # each plan's session and live rows
+        planned: list[tuple[TrimWrite, TrimSession, list[MessageRow]]] = []  # each plan, from its session and rows
 
         def plan(session: TrimSession, live_rows: list[MessageRow]) -> TrimWrite | None:
             if len(live_rows) <= max_messages:
                 return None
             live = in_answer_order(live_rows)  # ordering: a message and its reply are cut together
-            if planned_from:
-                before, rows_before = planned_from[-1]
+            if planned:
+                write_before, before, rows_before = planned[-1]
                 if before == session and live[: len(rows_before)] == rows_before:
                     # Planned again (on SQLite, inside the write lock) only because rows came after the ones
                     # planned from, each unchanged and in the same order: a turn stored its message and reply
                     # meanwhile. The slice planned is still the oldest, none of its messages is answered by a
                     # later row, and the new rows (later ids) stay live with the kept ones: that plan holds.
-                    return planned[-1]
+                    return write_before
             cut = [self._stored_message(r) for r in live[: len(live) - keep_messages]]
             slices = [m.as_slice() for m in cut]
             archive_id = "a_" + secrets.token_hex(8)
@@ -550,14 +549,13 @@ class SessionStore:
                 },
                 crash_after=_crash_after,
             )
-            planned.append(write)
-            planned_from.append((session, live))
+            planned.append((write, session, live))
             return write
 
         job_id = await self._hot.trim(session_id, plan)
         if job_id is None:
             return None
-        done = planned[-1]  # a retry after a busy database plans again; the last plan is what was written
+        done = planned[-1][0]  # a retry after a busy database plans again; the last plan is what was written
         return TrimResult(done.archive_id, job_id, len(done.message_ids), done.trust, done.summary)
 
     async def queue_trim(self, session_id: str, turn_principal: Principal) -> int:

@@ -481,11 +481,10 @@ class SQLiteHotStore(HotStore):
         this turn's messages already (committed before this is called), so skipping is what
         the insert's own check would do. Not pending: the insert checks again in its snapshot.
         """
-        at, text = encode_time(now), json.dumps(payload)
-        session_id = str(payload["session_id"])
-        pending = (pending_id, kind, session_id)
+        pending = (pending_id, kind, str(payload["session_id"]))
         if await self._run(lambda conn: conn.execute(sql.PENDING_JOB, pending).fetchone(), write=False):
             return None
+        at, text = encode_time(now), json.dumps(payload)
 
         def body(conn: sqlite3.Connection) -> int | None:
             row = conn.execute(sql.QUEUE_JOB_UNLESS_PENDING, (kind, text, at, at, *pending)).fetchone()
