@@ -120,8 +120,10 @@ _FIND_STORE_AND_READ = (
     # evaluates set_config only when the message is asked for an answer.
     " AND CASE WHEN $11::boolean THEN set_config('synchronous_commit', 'off', true) = 'off' ELSE TRUE END"
     " ON CONFLICT (session_id, is_agent, platform_message_id) DO NOTHING RETURNING " + _MESSAGE_COLUMNS + ")"
+    # The session's previous context (up to ``context_chars``, 4,000 by default) comes once, with the new row:
+    # on every history row it was most of the bytes sent, and each copy decoded again into a string of its own.
     " SELECT s.previous_context, m.* FROM s, m"
-    " UNION ALL SELECT s.previous_context, h.* FROM s, LATERAL (SELECT " + _MESSAGE_COLUMNS + " FROM messages"
+    " UNION ALL SELECT NULL, h.* FROM s, LATERAL (SELECT " + _MESSAGE_COLUMNS + " FROM messages"
     " WHERE session_id = s.id AND archive_id IS NULL ORDER BY id DESC LIMIT $13) h WHERE EXISTS (SELECT 1 FROM m)"
 )
 # A reply and its turn record in one statement: the record only if the reply was new.
@@ -231,12 +233,12 @@ class PostgresHotStore(HotStore):
                 _FIND_STORE_AND_READ, *key, *_message_values(m), max(m.history_limit - 1, 0), m.role_from_users
             )
             if found:
-                # Newest first: the new row, then the older ones (each row: previous_context, then the columns).
+                # Newest first: the new row, then the older ones (each row: previous_context, then the columns;
+                # previous_context on the new row only).
                 rows = sorted((MessageRow(*r[1:]) for r in found), key=lambda r: r.id, reverse=True)
                 new = rows[0]
-                return TurnRows(
-                    new.session_id, found[0][0], new.id, rows[: m.history_limit], speaker_role=new.stored_role
-                )
+                previous = next(r[0] for r in found if r[1] == new.id)
+                return TurnRows(new.session_id, previous, new.id, rows[: m.history_limit], speaker_role=new.stored_role)
             return await self._begin_turn(conn, m, key)
 
     @staticmethod

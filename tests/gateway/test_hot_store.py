@@ -587,6 +587,41 @@ async def _trimmed(store: SessionStore, conversation: str) -> tuple[str, str]:
     return sid, done.archive_id
 
 
+async def test_the_turn_after_a_trim_reads_the_sessions_previous_context_sent_once(
+    engine: AsyncEngine, clock: Clock
+) -> None:
+    # The next prompt's PREVIOUS CONTEXT (the trimmed slices' summaries, up to 4,000 characters) comes with
+    # the turn's own row. On PostgreSQL the one-statement turn sent it on every history row as well: most
+    # of the statement's bytes, each copy decoded again into a string of its own.
+    store = SessionStore(engine, clock=clock)
+    sid, _ = await _trimmed(store, KEY.conversation_id)
+    summary = await store.previous_context(sid)
+    assert "t0" in summary and "t1" in summary  # the slice's summary
+    start = await begin(store, "m-next", "and then")
+    assert start.session_id == sid and start.previous_context == summary
+    assert [m.text for m in start.history] == ["t2", "and then"]  # t0 and t1 went into the summary
+    if engine.dialect.name != "postgresql":
+        return
+    from gateway.hotstore.base import TurnMessage
+    from gateway.hotstore.postgres import _FIND_STORE_AND_READ, _message_values
+
+    now = store.now()
+    m = TurnMessage(
+        channel=KEY.channel, conversation_id=KEY.conversation_id, thread_id="", parent_conversation_id=None,
+        platform_message_id="m-last", speaker_user_id="u_alice", stored_role="user",
+        display_name="Alice", text="last", said_at=now, now=now, history_limit=10, reply_requested=False,
+    )  # fmt: skip
+    conn = await asyncpg.connect(engine.url.set(drivername="postgresql").render_as_string(hide_password=False))
+    try:
+        rows = await conn.fetch(
+            _FIND_STORE_AND_READ, KEY.channel, KEY.conversation_id, "", *_message_values(m), 9, False
+        )
+    finally:
+        await conn.close()
+    assert sorted(r["text"] for r in rows) == ["and then", "last", "t2"]
+    assert [(r["text"], r[0]) for r in rows if r[0] is not None] == [("last", summary)]  # with the new row only
+
+
 async def test_a_job_is_queued_unless_the_one_named_is_still_pending(engine: AsyncEngine, clock: Clock) -> None:
     # Both stores: one statement looks at the named job and inserts only if it is not pending.
     hot = hot_store(engine)
