@@ -245,7 +245,7 @@ class GatewayMemory:
         return self._identity[1]
 
     async def context(
-        self, principal: Principal, conversation_text: str, *, run: RunContext | None = None
+        self, principal: Principal, conversation_text: str | Sequence[str], *, run: RunContext | None = None
     ) -> MemoryContext:
         """The speaker's own personal memory (humans only) and the current operational notes for this turn."""
         sections = await memory_sections(

@@ -61,7 +61,7 @@ class MemoryGlue(Protocol):
     """What the turn needs from memory (implemented in gateway.memory_glue)."""
 
     async def context(
-        self, principal: Principal, conversation_text: str, *, run: RunContext | None = None
+        self, principal: Principal, conversation_text: str | Sequence[str], *, run: RunContext | None = None
     ) -> MemoryContext:
         """Memory sections for the prompt."""
 
@@ -90,7 +90,7 @@ class NoMemory:
     """Memory switched off: nothing rendered, nothing written (unit tests of the turn)."""
 
     async def context(
-        self, principal: Principal, conversation_text: str, *, run: RunContext | None = None
+        self, principal: Principal, conversation_text: str | Sequence[str], *, run: RunContext | None = None
     ) -> MemoryContext:
         """Nothing."""
         return MemoryContext()
@@ -366,8 +366,8 @@ class TurnHandler:
                 await on_chunk(directive_reply)
             return TurnResult(session_id, directive_reply, turn_record_id=record_id)
 
-        conversation_text = " ".join(m.text for m in history[-6:])
-        mem = await self.memory.context(req.principal, conversation_text, run=req.run)
+        # The last six messages' texts (memory reads them as joined by spaces; gateway/kept.py keeps the strings).
+        mem = await self.memory.context(req.principal, [m.text for m in history[-6:]], run=req.run)
         system = build_system_prompt(
             persona=self.config.agent.persona,
             agent_name=self.config.agent.name,

@@ -54,6 +54,11 @@ MAX_ITEMS_PER_SECTION = 40
 PERSONAL_SHARE = 0.4
 _QUERY_TAIL_CHARS = 4000
 _QUERY_PIECE_CHARS = 400
+_TEXTS_KEPT = 2048
+"""Messages whose terms ``_query_terms`` keeps (``_text_terms``): the last six of some 300 sessions.
+
+Only a text that fits the tail (``_QUERY_TAIL_CHARS``) is kept, so this holds at most 8 M characters.
+"""
 
 OPERATIONAL_HEADING = (
     "Operational notes: what the organisation's administrators taught you, with who taught each and when. "
@@ -105,12 +110,44 @@ def _bm25(
     return score
 
 
-def _query_terms(conversation_text: str) -> list[str]:
-    # The end of the conversation is what the turn is about: take the newest distinct terms.
-    # The tail is read backwards a piece at a time (each cut at a space, which no term spans), so
-    # a long conversation is not tokenised past the point where enough terms are found.
-    tail = conversation_text[-_QUERY_TAIL_CHARS:]
+def _query_terms(conversation: str | Sequence[str]) -> list[str]:
+    """The newest distinct terms (at most ``MAX_QUERY_TERMS``) of the conversation's last ``_QUERY_TAIL_CHARS`` chars.
+
+    ``conversation`` is its text, or its recent messages' texts, oldest first: the same as those
+    texts joined by spaces (no term spans a space), with each message's terms found once for the
+    turns that read it again (``_text_terms``). Only the oldest message of the tail, when the tail
+    cuts it, is read afresh, as its cut end.
+    """
+    if isinstance(conversation, str):
+        return _tail_terms(conversation[-_QUERY_TAIL_CHARS:], {})
     seen: dict[str, None] = {}
+    room = _QUERY_TAIL_CHARS
+    for text in reversed(conversation):
+        if len(text) > room:
+            return _tail_terms(text[-room:], seen)
+        for w in reversed(_text_terms(text)):
+            seen.setdefault(w, None)
+            if len(seen) >= MAX_QUERY_TERMS:
+                return list(seen)
+        room -= len(text) + 1  # the text, and the space before it
+        if room <= 0:
+            break
+    return list(seen)
+
+
+@lru_cache(maxsize=_TEXTS_KEPT)
+def _text_terms(text: str) -> tuple[str, ...]:
+    # A stored message's text never changes, and each turn reads the last few messages again: the same
+    # string objects (``gateway/kept.py``), whose hash Python keeps, so a lookup costs no pass over the text.
+    return tuple(terms(text))
+
+
+def _tail_terms(tail: str, seen: dict[str, None]) -> list[str]:
+    """``seen`` and then the newest distinct terms of ``tail``, up to ``MAX_QUERY_TERMS`` in all.
+
+    The tail is read backwards a piece at a time (each cut at a space, which no term spans), so a
+    long text is not tokenised past the point where enough terms are found.
+    """
     end = len(tail)
     while end > 0:
         start = tail.rfind(" ", 0, end - _QUERY_PIECE_CHARS) + 1 if end > _QUERY_PIECE_CHARS else 0
@@ -218,7 +255,7 @@ def _section(heading: str, lines: Sequence[str]) -> str:
 async def memory_sections(
     store: MemoryStore,
     principal: Principal,
-    conversation_text: str,
+    conversation_text: str | Sequence[str],
     *,
     token_budget: int,
     now: datetime | None = None,
@@ -231,7 +268,8 @@ async def memory_sections(
         principal: The turn's speaker. Personal memory is theirs only, and only
             for a paired person: never for an autonomous run or an unpaired
             sender (policy: "no user's personal memory is put in their prompt").
-        conversation_text: The recent conversation, for relevance.
+        conversation_text: The recent conversation, for relevance: its text, or its messages' texts
+            oldest first (a turn's: each message's words are then found once, ``_query_terms``).
         token_budget: The most tokens (``ceil(chars / 4)``) both sections together may take.
         now: The time notes are current at (default: the store's clock).
         audience: Who the prompt is for: a note scoped to SOP names / tags goes

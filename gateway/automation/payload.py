@@ -79,7 +79,7 @@ class PayloadGuard:
         return getattr(self.inner, name)
 
     async def context(
-        self, principal: Principal, conversation_text: str, *, run: RunContext | None = None
+        self, principal: Principal, conversation_text: str | Sequence[str], *, run: RunContext | None = None
     ) -> MemoryContext:
         """The inner memory's prompt sections."""
         return await self.inner.context(principal, conversation_text, run=run)

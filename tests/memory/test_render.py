@@ -130,6 +130,32 @@ def test_query_terms_are_the_newest_distinct_terms_of_the_conversation_tail(piec
     assert _query_terms(text) == list(seen)
 
 
+_MESSAGE = st.lists(st.sampled_from(_WORDS) | st.text(max_size=12), max_size=60).map(" ".join) | st.lists(
+    st.sampled_from(_WORDS), min_size=300, max_size=1200
+).map(" ".join)
+
+
+@given(messages=st.lists(_MESSAGE, max_size=8))
+def test_query_terms_of_a_turns_messages_are_those_of_their_texts_joined(messages: list[str]) -> None:
+    # A turn passes its last messages' texts, each one's terms kept for the next turns; the terms must be
+    # exactly those of the texts joined by spaces, the oldest one cut where the tail cuts it (long texts
+    # of few words make the tail end inside a message, or on the space between two).
+    joined = " ".join(messages)
+    assert _query_terms(messages) == _query_terms(joined)
+    assert _query_terms(messages) == _query_terms(list(messages))  # the kept terms give the same again
+
+
+@pytest.mark.parametrize("cut", [-2, -1, 0, 1, 2])
+def test_query_terms_where_the_tail_ends_at_a_messages_edge(cut: int) -> None:
+    # Newest message first; the tail's 4,000 characters end just inside, on or just past the space
+    # before it, or inside the older message: only what the joined text's tail holds counts.
+    newest = " ".join(["zeta"] * 20)
+    older = "alpha beta " + "x" * 10 + " " + "k" * (4000 - len(newest) - 1 - 22 + cut)
+    messages = [older, newest]
+    assert len(" ".join(messages)) == 4000 + cut
+    assert _query_terms(messages) == _query_terms(" ".join(messages))
+
+
 def _terms_plainly(text: str) -> list[str]:
     """``terms`` as its docstring says it, one word at a time."""
     out = []
