@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -97,19 +97,6 @@ def _idf(n_docs: int, df: int) -> float:
     return math.log(1 + (n_docs - df + 0.5) / (df + 0.5))
 
 
-def _bm25(
-    doc: Sequence[str], query: set[str], df: dict[str, int], n_docs: int, avgdl: float, k1: float = 1.2, b: float = 0.75
-) -> float:
-    tf = Counter(t for t in doc if t in query)
-    if not tf:
-        return 0.0
-    dl = len(doc) or 1
-    score = 0.0
-    for term, f in tf.items():
-        score += _idf(n_docs, df.get(term, 0)) * f * (k1 + 1) / (f + k1 * (1 - b + b * dl / (avgdl or 1)))
-    return score
-
-
 def _query_terms(conversation: str | Sequence[str]) -> list[str]:
     """The newest distinct terms (at most ``MAX_QUERY_TERMS``) of the conversation's last ``_QUERY_TAIL_CHARS`` chars.
 
@@ -167,15 +154,48 @@ def _record_terms(record_id: str, subject: str, content: str) -> tuple[str, ...]
     return tuple(map(sys.intern, terms(subject + " " + content)))
 
 
-def _rank(records: Sequence[MemoryRecordView], query: set[str]) -> list[MemoryRecordView]:
-    """BM25 over a small candidate set (frequencies within the set), ties newest first."""
+def _rank(
+    records: Sequence[MemoryRecordView], query: set[str], k1: float = 1.2, b: float = 0.75
+) -> list[MemoryRecordView]:
+    """BM25 over a small candidate set (frequencies within the set), ties newest first, then by id.
+
+    A person's candidates are up to ``PERSONAL_CANDIDATES`` records on every turn of theirs, so
+    this is written for that: a record sharing no term with the query is passed over at C speed
+    (``isdisjoint``), each term's idf is worked out once, not once per record holding it, and the
+    order is two stable sorts on values, not a key of floats made from every record's time.
+    Each score is the same sum, term by term in the record's order, as BM25 written plainly
+    (``tests/memory/test_render.py`` holds the two to the same order).
+    """
     docs = [(r, _record_terms(r.id, r.subject, r.content)) for r in records]
     if not docs:
         return []
-    df = Counter(t for _, d in docs for t in set(d) if t in query)
-    avgdl = sum(len(d) for _, d in docs) / len(docs)
-    scored = [(_bm25(d, query, df, len(docs), avgdl), r) for r, d in docs]
-    scored.sort(key=lambda p: (-p[0], -p[1].said_at.timestamp(), p[1].id))
+    n_docs = len(docs)
+    tfs: list[dict[str, int] | None] = []
+    df: dict[str, int] = {}
+    total = 0
+    for _, d in docs:
+        total += len(d)
+        tf = None
+        if not query.isdisjoint(d):
+            tf = {}
+            for t in d:
+                if t in query:
+                    tf[t] = tf.get(t, 0) + 1
+            for t in tf:
+                df[t] = df.get(t, 0) + 1
+        tfs.append(tf)
+    avgdl = (total / n_docs) or 1
+    idf = {t: _idf(n_docs, n) for t, n in df.items()}
+    scored: list[tuple[float, MemoryRecordView]] = []
+    for (r, d), tf in zip(docs, tfs, strict=True):
+        score = 0.0
+        if tf:
+            norm = k1 * (1 - b + b * (len(d) or 1) / avgdl)
+            for term, f in tf.items():
+                score += idf[term] * f * (k1 + 1) / (f + norm)
+        scored.append((score, r))
+    scored.sort(key=lambda p: p[1].id)
+    scored.sort(key=lambda p: (p[0], p[1].said_at), reverse=True)  # stable: equal ones stay in id order
     return [r for _, r in scored]
 
 

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import math
+import random
 import re
+from collections import Counter
 from datetime import timedelta
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memory.render import MAX_QUERY_TERMS, OPERATIONAL_HEADING, PERSONAL_HEADING, _query_terms, memory_sections
+from memory.render import (
+    MAX_QUERY_TERMS,
+    OPERATIONAL_HEADING,
+    PERSONAL_HEADING,
+    _query_terms,
+    _rank,
+    _record_terms,
+    memory_sections,
+)
+from memory.store import MemoryRecordView
 from memory.words import MAX_TERM_CHARS, STOPWORDS, estimate_tokens, terms
 from memory.writer import MemoryWriter
 from tests.conftest import Clock
@@ -154,6 +166,61 @@ def test_query_terms_where_the_tail_ends_at_a_messages_edge(cut: int) -> None:
     messages = [older, newest]
     assert len(" ".join(messages)) == 4000 + cut
     assert _query_terms(messages) == _query_terms(" ".join(messages))
+
+
+def _rank_plainly(records: list[MemoryRecordView], query: set[str]) -> list[MemoryRecordView]:
+    """BM25 as written plainly (the ranking before it was made quick): a Counter a record, idf a term a record."""
+    k1, b = 1.2, 0.75
+    docs = [(r, _record_terms(r.id, r.subject, r.content)) for r in records]
+    if not docs:
+        return []
+    df = Counter(t for _, d in docs for t in set(d) if t in query)
+    avgdl = sum(len(d) for _, d in docs) / len(docs)
+
+    def bm25(doc: tuple[str, ...]) -> float:
+        tf = Counter(t for t in doc if t in query)
+        dl = len(doc) or 1
+        score = 0.0
+        for term, f in tf.items():
+            idf = math.log(1 + (len(docs) - df.get(term, 0) + 0.5) / (df.get(term, 0) + 0.5))
+            score += idf * f * (k1 + 1) / (f + k1 * (1 - b + b * dl / (avgdl or 1)))
+        return score
+
+    scored = [(bm25(d), r) for r, d in docs]
+    scored.sort(key=lambda p: (-p[0], -p[1].said_at.timestamp(), p[1].id))
+    return [r for _, r in scored]
+
+
+_VOCAB = ["report", "reports", "invoice", "english", "weekly", "the", "db01.internal", "x1", "coffee", "İstanbul"]
+
+
+@given(
+    records=st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(_VOCAB) | st.text(max_size=8), max_size=30).map(" ".join),
+            st.integers(min_value=0, max_value=5),  # minutes: many ties on time
+        ),
+        max_size=40,
+    ),
+    query=st.sets(st.sampled_from([*_VOCAB, "report", "invoice", "absent"]), max_size=8),
+)
+def test_a_persons_records_are_ranked_as_bm25_written_plainly_ranks_them(
+    records: list[tuple[str, int]], query: set[str]
+) -> None:
+    # Up to 200 of a person's records are ranked on every turn of theirs: the quick ranking must give
+    # exactly the order (scores to the last bit, ties newest first, then by id) of BM25 written plainly.
+    views = [
+        MemoryRecordView(
+            id=f"m_{i:03d}", scope="personal", owner_user_id="u_bob", subject="note", subject_key="note",
+            content=content, status="live", said_at=T0 + timedelta(minutes=minute), recorded_at=T0,
+            review_by=None, source="user", author_user_id="u_bob", author_role="user", session_id=None,
+            evidence=(), run_id=None, superseded_by=None,
+        )
+        for i, (content, minute) in enumerate(records)
+    ]  # fmt: skip
+    random.Random(len(views)).shuffle(views)  # the candidates come in the statement's order, not by id
+    query_terms = set(terms(" ".join(query)))
+    assert [r.id for r in _rank(views, query_terms)] == [r.id for r in _rank_plainly(views, query_terms)]
 
 
 def _terms_plainly(text: str) -> list[str]:
