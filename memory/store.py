@@ -628,8 +628,15 @@ def _column_kind(col: Any) -> str | None:
 
 _CANDIDATE_KINDS = (None, None, None, None, None)  # id, status, superseded_by, score, part
 _RECORD_KINDS = tuple(_column_kind(c) for c in MemoryRecord.__table__.columns)
-_KEPT_VIEWS = 8192
-"""How many records' views a store keeps for the prompt's candidates (least recently used dropped)."""
+_KEPT_VIEWS = 32_768
+"""How many records' views a store keeps for the prompt's candidates (least recently used dropped).
+
+A turn's candidates are up to ``PERSONAL_CANDIDATES`` (200) of the speaker's own records and some 70
+notes. At 8,192, fifty people with 200 records each, speaking in turn, pushed each other's records
+out before they spoke again (least recently used goes first, so a rotation larger than this keeps
+nothing): every turn read about 160 whole records again, 3 ms of its 5-6 ms (``bench/memory_prompt.py
+--users 200``). A view is about 600 bytes; 32,768 of them about 20 MB, for some 160 such people.
+"""
 _ID_BUCKETS = (8, 32, 128, 512)
 """How many ids one ``_records_sql`` statement takes (padded with the last id): few shapes to compile."""
 _CANDIDATE_PARAMS = frozenset({"now", "recent_limit", "match_word_postings", "user_id", "personal_limit", "words"})
