@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 
 from gateway.llm.base import ChatMessage, Completion, DeltaSink, JsonSchema, Tool, ToolCall
 from gateway.llm.scripted import SCRIPTED_TOOLS, scripted_calls
@@ -29,8 +30,13 @@ _ID = re.compile(r"\[(m_[0-9a-f]+)\]")
 _HISTORY_PREFIX = re.compile(r"^\[[^\]\n]{0,80} · [^\]\n]{1,60}\]\s*")
 
 
-def _words(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
+def _words(text: str) -> frozenset[str]:
+    return frozenset(w for w in _WORD.findall(text.lower()) if w not in _STOP)
+
+
+# Each reply reads the words of every memory line in its prompt: the same lines turn after turn, kept by
+# their text (a line is one record's, so 4,096 of them are a few MB at most; a message's text is not kept).
+_line_words = lru_cache(maxsize=4096)(_words)
 
 
 def _speaker_role(system: str) -> str:
@@ -139,8 +145,8 @@ class BuiltinProvider:
         notes = _section(system, OPERATIONAL)
         personal = _section(system, PERSONAL)
         asked = _words(text)
-        relevant_notes = [n for n in notes if asked & _words(n)]
-        relevant_personal = [p for p in personal if asked & _words(p)]
+        relevant_notes = [n for n in notes if asked & _line_words(n)]
+        relevant_personal = [p for p in personal if asked & _line_words(p)]
         used = relevant_notes + relevant_personal
         when = _when_learned(system)
         lines: list[str] = [LABEL]
