@@ -336,32 +336,25 @@ async def memory_sections(
     heading = {"op": len(OPERATIONAL_HEADING), "pe": len(PERSONAL_HEADING)}
 
     rendered: dict[str, str] = {}  # a record's line, made once (the person's records are packed twice)
-    taken: dict[str, set[str]] = {"op": set(), "pe": set()}  # the ids of ``used_op`` and ``used_pe``
 
-    def pack(
-        records: Sequence[MemoryRecordView],
-        floors: Sequence[int],
-        which: str,
-        lines: list[str],
-        used: list[str],
-        limit: float,
-    ) -> None:
-        # ``floors``: each record's ``_line_floor``. Once even the shortest of them cannot fit, no record
-        # left can: the pass ends there, where it used to go on through every record (up to 200 of a
-        # person's, twice a turn) only to skip each one.
+    def pack(records: Sequence[MemoryRecordView], which: str, lines: list[str], used: list[str], limit: float) -> None:
         other = "pe" if which == "op" else "op"
         rest = size[other] + (2 if size[other] else 0)
-        shortest = min(floors, default=0)
-        packed = taken[which]
-        for record, floor in zip(records, floors, strict=True):
+        packed = set(used)
+        shortest: int | None = None  # the shortest ``_line_floor`` of ``records``, once one does not fit
+        for record in records:
             if len(lines) >= MAX_ITEMS_PER_SECTION:
                 return
             if record.id in packed:
                 continue
             sep = 1 if lines else heading[which] + 1
-            if math.ceil((size[which] + sep + floor + rest) / 4) > limit:
+            if math.ceil((size[which] + sep + _line_floor(record) + rest) / 4) > limit:
+                # Once even the shortest cannot fit, no record left can: the pass ends here, where it used
+                # to go on through every record (up to 200 of a person's, twice a turn) only to skip each.
+                if shortest is None:
+                    shortest = min(map(_line_floor, records))
                 if math.ceil((size[which] + sep + shortest + rest) / 4) > limit:
-                    return  # nothing shorter is left
+                    return
                 continue  # cannot fit, however short its content: not worth rendering
             line = rendered.get(record.id)
             if line is None:
@@ -374,10 +367,9 @@ async def memory_sections(
                 size[which] = grown
 
     # The person's own memory gets a share first, the notes the rest, then the person any leftover.
-    personal_floors = [_line_floor(r) for r in personal]
-    pack(personal, personal_floors, "pe", pe_lines, used_pe, token_budget * PERSONAL_SHARE if notes else token_budget)
-    pack(notes, [_line_floor(r) for r in notes], "op", op_lines, used_op, token_budget)
-    pack(personal, personal_floors, "pe", pe_lines, used_pe, token_budget)
+    pack(personal, "pe", pe_lines, used_pe, token_budget * PERSONAL_SHARE if notes else token_budget)
+    pack(notes, "op", op_lines, used_op, token_budget)
+    pack(personal, "pe", pe_lines, used_pe, token_budget)
 
     operational = _section(OPERATIONAL_HEADING, op_lines)
     personal_text = _section(PERSONAL_HEADING, pe_lines)
