@@ -388,6 +388,7 @@ _INSERT_RECORD = insert(_T)
 _INSERT_REVISION = insert(_REV)
 _INSERT_POSTING = insert(_TERMS)
 _SUBJECT_LOCK = text("SELECT pg_advisory_xact_lock(:k)")
+_SUBJECT_LOCK_SQL = "SELECT pg_advisory_xact_lock($1::bigint)"  # asyncpg's own parameters
 
 
 def _owner_param(with_owner: bool) -> ColumnElement[bool]:
@@ -554,10 +555,14 @@ class RawReads(Protocol):
 class RawWrites(Protocol):
     """The write path's statements on the driver connection of an open SQLAlchemy transaction.
 
-    The gateway's SQLite hot store has it (``run_on``): the same SQL, bound and decoded as
+    The gateway's hot stores have it (``run_on``): the same SQL, bound and decoded as
     SQLAlchemy would, without SQLAlchemy's execution around each statement. On SQLite a
     write holds the database's one write lock from its first statement to its commit, and
-    every turn waits for it; that hold was about 1.1 ms, of which the SQL was 0.18.
+    every turn waits for it; that hold was about 1.1 ms, of which the SQL was 0.18. On
+    PostgreSQL a gated write cost 5.4 ms of the gateway's CPU through SQLAlchemy and 3.3 on
+    asyncpg itself (``bench/memory_write.py --postgres``), where the ``memory_write`` tool runs
+    on the turn's loop and every extraction job's writes in the job process. PostgreSQL's hot
+    store also has ``run_many_on`` (one ``executemany`` for a note's postings).
     """
 
     async def run_on(
@@ -700,9 +705,10 @@ class MemoryStore:
     ) -> None:
         self._engine = engine
         self._raw = raw
-        # The write path's statements on the session's own driver connection (RawWrites), where the
-        # hot store can: SQLite. Elsewhere (PostgreSQL, a store built without one) through SQLAlchemy.
-        self._run_on = getattr(raw, "run_on", None) if engine.dialect.name == "sqlite" else None
+        # The write path's statements on the session's own driver connection (RawWrites), in its transaction,
+        # where the hot store can: sqlite3 on SQLite, asyncpg on PostgreSQL. A store built without one: SQLAlchemy.
+        self._run_on = getattr(raw, "run_on", None)
+        self._run_many_on = getattr(raw, "run_many_on", None)  # one statement for many rows (PostgreSQL)
         # Records whose views prompt_candidates has built, by id, newest use last. Only status and
         # superseded_by change after insert, and every read takes those two from the database.
         self._views: OrderedDict[str, MemoryRecordView] = OrderedDict()
@@ -750,6 +756,10 @@ class MemoryStore:
             return kept[1]
         conn = await s.connection()  # begins the session's transaction if nothing has yet
         driver = (await conn.get_raw_connection()).driver_connection
+        if self._engine.dialect.name == "postgresql" and not driver.is_in_transaction():
+            # SQLAlchemy's asyncpg adapter sends its BEGIN with the transaction's first statement; until then
+            # the connection is in no transaction, and a statement sent on it would commit on its own.
+            await conn.exec_driver_sql("SELECT 1")
         s.info[_DRIVER_KEY] = (s.get_transaction(), driver)
         return driver
 
@@ -796,8 +806,16 @@ class MemoryStore:
         if self._run_on is None:
             await s.execute(statement, list(rows))
             return
-        for row in rows:
-            await self._on_driver(s, statement, row, None)
+        if self._run_many_on is None:
+            for row in rows:
+                await self._on_driver(s, statement, row, None)
+            return
+        if s.new or s.dirty or s.deleted:
+            await s.flush()
+        compiled = _driver_sql(self._engine.dialect, statement, rows[0])
+        await self._run_many_on(
+            await self._driver(s), compiled.sql, [[(compiled.fixed | dict(r))[n] for n in compiled.names] for r in rows]
+        )
 
     # ---- writes --------------------------------------------------------------------------
 
@@ -864,7 +882,10 @@ class MemoryStore:
     async def _lock_subject(self, s: AsyncSession, scope: str, owner: str | None, key: str) -> None:
         if self._engine.dialect.name == "postgresql":
             # Two writers on one subject would otherwise both see "no live value" and both stay live.
-            await s.execute(_SUBJECT_LOCK, {"k": _lock_key(scope, owner, key)})
+            if self._run_on is None:
+                await s.execute(_SUBJECT_LOCK, {"k": _lock_key(scope, owner, key)})
+            else:  # on the connection itself (it begins the transaction when it is the first statement)
+                await (await s.connection()).exec_driver_sql(_SUBJECT_LOCK_SQL, (_lock_key(scope, owner, key),))
 
     async def _add(
         self,

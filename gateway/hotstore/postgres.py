@@ -149,6 +149,11 @@ def _aware(value: datetime) -> datetime:
     return value
 
 
+def _write_args(args: Sequence[Any]) -> list[Any]:
+    """The memory write path's parameters as SQLAlchemy's asyncpg dialect binds them: a JSON value as its text."""
+    return [json.dumps(a) if isinstance(a, list | dict) else a for a in args]
+
+
 def _message_values(m: TurnMessage) -> tuple[Any, ...]:
     """The inbound message's values after its session id, in ``sql.NEW_MESSAGE``'s order."""
     until = None if m.answering_until is None else _aware(m.answering_until)
@@ -400,6 +405,29 @@ class PostgresHotStore(HotStore):
         """The messages of one trimmed slice, oldest first."""
         pool = await self._get_pool()
         return [MessageRow(*r) for r in await pool.fetch(_ARCHIVE_MESSAGES, archive_id, archive_id)]
+
+    async def run_on(
+        self, driver: Any, sql: str, args: Sequence[Any], kinds: Sequence[str | None] | None
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        """``sql`` on ``driver``, a SQLAlchemy session's own asyncpg connection, inside that session's transaction.
+
+        The memory store's write path runs its statements here (``memory.store.RawWrites``); the store
+        has SQLAlchemy begin the transaction before the first one (``MemoryStore._driver``), so each
+        commits or rolls back with the rest. Rows come decoded by the connection's own codecs (the
+        ones SQLAlchemy's dialect set on it: JSON as Python values, times as aware datetimes), so
+        ``kinds`` only says whether rows are read; the row count is the command tag's.
+        """
+        params = _write_args(args)
+        if kinds is None:
+            status = await driver.execute(sql, *params)
+            tail = status.rsplit(" ", 1)[-1]
+            return [], int(tail) if tail.isdigit() else -1
+        rows = await driver.fetch(sql, *params)
+        return [tuple(r) for r in rows], len(rows)
+
+    async def run_many_on(self, driver: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """``sql`` once per row of ``rows`` on ``driver`` (in its transaction), in one round trip (``executemany``)."""
+        await driver.executemany(sql, [_write_args(r) for r in rows])
 
     async def select(self, sql: str, args: Sequence[Any], kinds: Sequence[str | None]) -> list[tuple[Any, ...]]:
         """One read statement (``$n`` parameters; asyncpg decodes every column itself)."""

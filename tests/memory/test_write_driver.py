@@ -1,32 +1,36 @@
-"""The write path on SQLite's driver itself (``RawWrites``) against the same path through SQLAlchemy.
+"""The write path on the database driver itself (``RawWrites``) against the same path through SQLAlchemy.
 
-On SQLite the gateway's memory store runs the write path's statements (the
-subject read, the record insert, the subject rule's retirement, the veto check,
-the revision row) on the session's own driver connection, bound and decoded by
-the hot store. These tests hold it to SQLAlchemy's: one scenario of writes,
+The gateway's memory store runs the write path's statements (the subject read,
+the record insert, the subject rule's retirement, the veto check, the revision
+row) on the session's own driver connection, bound and decoded by the hot
+store: ``sqlite3`` on SQLite, asyncpg on PostgreSQL, inside the session's
+transaction. These tests hold it to SQLAlchemy's: one scenario of writes,
 retirements, a duplicate, history, an unverified record, an undo and its veto,
-run once each way on real SQLite files, must leave the same rows; and the driver
-path must really be the one taken (SQLAlchemy never sees those statements).
+run once each way on real databases, must leave the same rows; the driver path
+must really be the one taken (SQLAlchemy never sees those statements); and on
+PostgreSQL a write that fails part-way leaves nothing, as one transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import event, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db import make_engine, upgrade
 from gateway.hotstore import hot_store
 from gateway.sqlite_inline import make_inline_engine
+from memory.models import MemoryRecord
 from memory.store import MemoryStore
 from memory.words import terms
 from memory.writer import MemoryWriter
-from tests.conftest import Clock
+from tests.conftest import Clock, _drop_pg_database, _fresh_pg_database, _require_pg
 from tests.memory.conftest import ALICE, BOB, CRON, T0
 
 
@@ -98,14 +102,29 @@ async def _rows(engine: AsyncEngine) -> dict[str, list[tuple[Any, ...]]]:
     }
 
 
-@pytest.fixture
-async def engines(tmp_path: Path) -> AsyncIterator[tuple[AsyncEngine, AsyncEngine]]:
-    made = []
-    for name in ("driver", "sqlalchemy"):
-        engine = make_engine(f"sqlite+aiosqlite:///{tmp_path / name}.db")
-        await upgrade(engine)
-        made.append(engine)
+@pytest.fixture(params=["sqlite", "postgres"])
+def urls(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """Two fresh databases of one backend: one for the driver path, one for SQLAlchemy's."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'driver'}.db", f"sqlite+aiosqlite:///{tmp_path / 'sqlalchemy'}.db"
+        return
+    _require_pg()
+    made = [asyncio.run(_fresh_pg_database()) for _ in range(2)]
     try:
+        yield made[0][0], made[1][0]
+    finally:
+        for _url, database in made:
+            asyncio.run(_drop_pg_database(database))
+
+
+@pytest.fixture
+async def engines(urls: tuple[str, str]) -> AsyncIterator[tuple[AsyncEngine, AsyncEngine]]:
+    made = []
+    try:
+        for url in urls:
+            engine = make_engine(url)
+            made.append(engine)
+            await upgrade(engine)
         yield made[0], made[1]
     finally:
         for engine in made:
@@ -172,3 +191,106 @@ async def test_the_write_path_does_not_go_through_sqlalchemy_on_sqlite(tmp_path:
     written = [s for s in through_sqlalchemy if s.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))]
     assert written == []  # every insert, update and delete of the write path went to the driver itself
     assert any("memory_records" in s for s in through_sqlalchemy)  # the check can see SQLAlchemy's own reads
+
+
+async def _migrated(pg_url: str) -> AsyncEngine:
+    engine = make_engine(pg_url)
+    await upgrade(engine)
+    return engine
+
+
+async def test_the_write_path_does_not_go_through_sqlalchemy_on_postgresql(pg_url: str) -> None:
+    """SQLAlchemy only begins the transaction (the subject's lock), reads what the check below reads, and commits."""
+    engine = await _migrated(pg_url)
+    through_sqlalchemy: list[str] = []
+    event.listen(engine.sync_engine, "before_cursor_execute", lambda *a: through_sqlalchemy.append(a[2]))
+    try:
+        clock = Clock(T0 + timedelta(hours=1))
+        store = MemoryStore(engine, clock=clock, raw=hot_store(engine))
+        w = MemoryWriter(store)
+        for minute in (0, 10):
+            res = await w.write(
+                BOB,
+                "personal",
+                "live",
+                subject="answer length",
+                content=f"Bob likes answers of {minute} lines",
+                said_at=T0 + timedelta(minutes=minute),
+                owner_user_id=BOB.user_id,
+            )
+        assert res.record is not None and len(res.retired) == 1
+        note = await w.write(  # an agent note: its postings in one statement for all its words
+            ALICE,
+            "agent_notes",
+            "live",
+            subject="Report data source",
+            content="The report is produced from example_orders every Monday for finance",
+            said_at=T0,
+            review_by=clock.now + timedelta(days=30),
+        )
+        assert note.record is not None
+        found = await store.prompt_candidates(user_id=None, query_terms=terms("example_orders"), now=clock.now)
+        assert [v.id for v, _score in found.matched_notes] == [note.record.id]
+        live = await store.personal_for(BOB.user_id or "")
+        assert [r.content for r in live] == ["Bob likes answers of 10 lines"]
+        assert await store.get(note.record.id) is not None  # a read through SQLAlchemy (the check below)
+    finally:
+        await engine.dispose()
+    written = [s for s in through_sqlalchemy if s.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))]
+    assert written == []  # every insert, update and delete of the write path went to the driver itself
+    assert any("memory_records" in s for s in through_sqlalchemy)  # the check can see SQLAlchemy's own reads
+
+
+async def test_on_postgresql_a_write_that_fails_part_way_leaves_nothing(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver's statements run in the session's transaction: a failure after some of them undoes them all."""
+    engine = await _migrated(pg_url)
+    try:
+        clock = Clock(T0 + timedelta(hours=1))
+        store = MemoryStore(engine, clock=clock, raw=hot_store(engine))
+        w = MemoryWriter(store)
+
+        async def say(minute: int) -> Any:
+            return await w.write(
+                BOB, "personal", "live", subject="answer length", content=f"Bob likes answers of {minute} lines",
+                said_at=T0 + timedelta(minutes=minute), owner_user_id=BOB.user_id,
+            )  # fmt: skip
+
+        first = await say(0)
+        assert first.record is not None
+        run_on = store._run_on
+        assert run_on is not None
+
+        async def fails_at_the_revision(driver: Any, sql: str, args: Any, kinds: Any) -> Any:
+            if sql.lstrip().upper().startswith("INSERT INTO MEMORY_REVISIONS"):
+                raise ConnectionResetError("the connection went away mid-write")
+            return await run_on(driver, sql, args, kinds)
+
+        monkeypatch.setattr(store, "_run_on", fails_at_the_revision)
+        with pytest.raises(ConnectionResetError):
+            await say(10)  # its record inserted and the first retired on the driver, then the revision fails
+        live = await store.personal_for(BOB.user_id or "")
+        assert [r.id for r in live] == [first.record.id]  # the old value live, the new one never stored
+        async with engine.connect() as conn:
+            assert (await conn.execute(text("SELECT count(*) FROM memory_records"))).scalar_one() == 1
+            assert (await conn.execute(text("SELECT count(*) FROM memory_revisions"))).scalar_one() == 0
+
+        # A transaction whose first statement goes to the driver (nothing through SQLAlchemy before it).
+        records = MemoryRecord.__table__
+        retire = update(records).where(records.c.id == first.record.id).values(status="superseded")
+
+        async def retire_then_fail() -> None:
+            async with store.transaction() as s:
+                assert await store._write(s, retire, {}) == 1
+                raise RuntimeError("the caller fails after the statement")
+
+        with pytest.raises(RuntimeError):
+            await retire_then_fail()
+        assert [r.id for r in await store.personal_for(BOB.user_id or "")] == [first.record.id]
+
+        monkeypatch.setattr(store, "_run_on", run_on)
+        again = await say(10)  # the connections are usable afterwards
+        assert again.record is not None and len(again.retired) == 1
+    finally:
+        await engine.dispose()
