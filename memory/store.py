@@ -584,6 +584,12 @@ _DRIVER_SQL: dict[tuple[int, str, frozenset[str]], _DriverSQL] = {}
 _DRIVER_KEY = "goclaw.driver_connection"
 
 
+async def _autoflush(s: AsyncSession) -> None:
+    """What SQLAlchemy's autoflush does before a statement: the session's pending objects written first."""
+    if s.new or s.dirty or s.deleted:
+        await s.flush()
+
+
 def _driver_sql(dialect: Any, statement: Any, keys: Iterable[str]) -> _DriverSQL:
     """``statement`` as the driver's own SQL for parameters named ``keys``: compiled once per shape.
 
@@ -767,8 +773,7 @@ class MemoryStore:
         self, s: AsyncSession, statement: Any, params: Mapping[str, Any], kinds: Sequence[str | None] | None
     ) -> tuple[list[tuple[Any, ...]], int]:
         assert self._run_on is not None
-        if s.new or s.dirty or s.deleted:
-            await s.flush()  # what SQLAlchemy's autoflush does before a statement
+        await _autoflush(s)
         compiled = _driver_sql(self._engine.dialect, statement, params)
         values = compiled.fixed | dict(params)
         args = [values[n] for n in compiled.names]
@@ -800,18 +805,18 @@ class MemoryStore:
         return count
 
     async def _insert_many(self, s: AsyncSession, statement: Any, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Insert ``rows`` (one statement for many through SQLAlchemy, one each on the driver, inline)."""
+        """Insert ``rows``: one statement for many through SQLAlchemy and on PostgreSQL's driver (``run_many_on``,
+        rows of the same columns), one each on SQLite's (inline: no round trips to save)."""
         if not rows:
             return
         if self._run_on is None:
             await s.execute(statement, list(rows))
             return
-        if self._run_many_on is None:
+        if self._run_many_on is None or any(r.keys() != rows[0].keys() for r in rows):
             for row in rows:
                 await self._on_driver(s, statement, row, None)
             return
-        if s.new or s.dirty or s.deleted:
-            await s.flush()
+        await _autoflush(s)
         compiled = _driver_sql(self._engine.dialect, statement, rows[0])
         await self._run_many_on(
             await self._driver(s), compiled.sql, [[(compiled.fixed | dict(r))[n] for n in compiled.names] for r in rows]
