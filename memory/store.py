@@ -579,6 +579,11 @@ class _DriverSQL:
     names: tuple[str, ...]
     fixed: dict[str, Any]
 
+    def args(self, params: Mapping[str, Any]) -> list[Any]:
+        """The driver's parameters, in the SQL's order: ``params`` and the values compiled into the shape."""
+        values = self.fixed | dict(params)
+        return [values[n] for n in self.names]
+
 
 _DRIVER_SQL: dict[tuple[int, str, frozenset[str]], _DriverSQL] = {}
 _DRIVER_KEY = "goclaw.driver_connection"
@@ -775,9 +780,7 @@ class MemoryStore:
         assert self._run_on is not None
         await _autoflush(s)
         compiled = _driver_sql(self._engine.dialect, statement, params)
-        values = compiled.fixed | dict(params)
-        args = [values[n] for n in compiled.names]
-        rows, count = await self._run_on(await self._driver(s), compiled.sql, args, kinds)
+        rows, count = await self._run_on(await self._driver(s), compiled.sql, compiled.args(params), kinds)
         return rows, int(count)
 
     async def _records(self, s: AsyncSession, statement: Any, params: Mapping[str, Any]) -> list[MemoryRecordView]:
@@ -818,9 +821,7 @@ class MemoryStore:
             return
         await _autoflush(s)
         compiled = _driver_sql(self._engine.dialect, statement, rows[0])
-        await self._run_many_on(
-            await self._driver(s), compiled.sql, [[(compiled.fixed | dict(r))[n] for n in compiled.names] for r in rows]
-        )
+        await self._run_many_on(await self._driver(s), compiled.sql, [compiled.args(r) for r in rows])
 
     # ---- writes --------------------------------------------------------------------------
 
@@ -1610,8 +1611,7 @@ class MemoryStore:
         """``statement`` on the raw driver, compiled once per shape (``_driver_sql``), values decoded by ``kinds``."""
         assert self._raw is not None
         compiled = _driver_sql(self._engine.dialect, statement, params)
-        values = compiled.fixed | dict(params)
-        return await self._raw.select(compiled.sql, [values[n] for n in compiled.names], kinds)
+        return await self._raw.select(compiled.sql, compiled.args(params), kinds)
 
     async def revisions_for(self, record_id: str) -> list[RevisionView]:
         """Every revision row that retired this record or was retired by it, oldest first."""
