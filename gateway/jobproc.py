@@ -59,7 +59,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import Config
-from gateway.hotstore.sqlite import RELEASES
+from gateway.hotstore.sqlite import RELEASES, TURNS
 from gateway.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -259,7 +259,8 @@ class JobProcess:
     async def _spawn(self) -> None:
         parent, child = socket.socketpair()
         parent.setblocking(False)
-        cmd = [sys.executable, "-m", "gateway.jobproc", "--fd", str(child.fileno())]
+        turns = TURNS.shared_fd()  # on SQLite its writes give way to the turns waiting for the lock
+        cmd = [sys.executable, "-m", "gateway.jobproc", "--fd", str(child.fileno()), "--turns-fd", str(turns)]
         if self.config_source is not None:
             cmd += ["--config", self.config_source[1], "--config-on-stdin"]
         elif self.config_path:
@@ -267,7 +268,7 @@ class JobProcess:
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *cmd,
-                pass_fds=(child.fileno(),),
+                pass_fds=(child.fileno(), turns),
                 stdin=asyncio.subprocess.PIPE if self.config_source is not None else asyncio.subprocess.DEVNULL,
             )
             if self.config_source is not None:
@@ -527,12 +528,13 @@ def _file_size(path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gateway.jobproc --fd N [--config PATH [--config-on-stdin]]`` (started by ``goclaw serve``)."""
+    """``python -m gateway.jobproc --fd N [--turns-fd N] [--config PATH [--config-on-stdin]]`` (``goclaw serve``'s)."""
     from gateway.config import find_config_path, load_config, load_config_text
     from gateway.errors import GoclawError
 
     ap = argparse.ArgumentParser(prog="python -m gateway.jobproc", description=__doc__.split("\n", 1)[0])
     ap.add_argument("--fd", type=int, required=True, help="the socket goclaw serve passed")
+    ap.add_argument("--turns-fd", type=int, default=None, help="the file goclaw serve sets while its turns wait")
     ap.add_argument("--config", default=None)
     ap.add_argument("--config-on-stdin", action="store_true", help="the config's text comes on stdin (from serve)")
     args = ap.parse_args(argv)
@@ -547,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # It writes to serve's own log (its stderr): each line says it came from here.
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s [job process] %(name)s: %(message)s")
+    if args.turns_fd is not None:
+        TURNS.attach(args.turns_fd)
     asyncio.run(run_job_process(cfg, args.fd))
     return 0
 
