@@ -259,8 +259,12 @@ class JobProcess:
     async def _spawn(self) -> None:
         parent, child = socket.socketpair()
         parent.setblocking(False)
+        cmd = [sys.executable, "-m", "gateway.jobproc", "--fd", str(child.fileno())]
+        fds = [child.fileno()]
         turns = TURNS.shared_fd()  # on SQLite its writes give way to the turns waiting for the lock
-        cmd = [sys.executable, "-m", "gateway.jobproc", "--fd", str(child.fileno()), "--turns-fd", str(turns)]
+        if turns is not None:
+            cmd += ["--turns-fd", str(turns)]
+            fds.append(turns)
         if self.config_source is not None:
             cmd += ["--config", self.config_source[1], "--config-on-stdin"]
         elif self.config_path:
@@ -268,7 +272,7 @@ class JobProcess:
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *cmd,
-                pass_fds=(child.fileno(), turns),
+                pass_fds=fds,
                 stdin=asyncio.subprocess.PIPE if self.config_source is not None else asyncio.subprocess.DEVNULL,
             )
             if self.config_source is not None:

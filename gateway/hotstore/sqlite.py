@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import mmap
 import os
 import sqlite3
@@ -54,6 +55,8 @@ from gateway.hotstore.base import (
 from gateway.kept import Kept
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 _BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 _FIRST_WAIT_S = 0.001
@@ -162,19 +165,32 @@ class TurnsWaiting:
         self._fd: int | None = None
         self._owner = False  # the serving process sets the byte; the job process reads it
         self._count = 0  # the owner's writes waiting now (the loop's, and the worker thread's)
+        self._failed = False  # the file could not be made: the job process starts without it
         self._lock = threading.Lock()
         self.gave_way = 0  # write transactions the job process held back
 
-    def shared_fd(self) -> int:
-        """The serving process's side: a descriptor of the file, for a job process (``--turns-fd``)."""
+    def shared_fd(self) -> int | None:
+        """The serving process's side: a descriptor of the file, for a job process (``--turns-fd``).
+
+        None if it cannot be made (logged once): the job process then starts without it, and
+        does not give way.
+        """
         with self._lock:
-            if self._fd is None:
-                fd, path = tempfile.mkstemp(prefix="goclaw-turns-")
-                os.unlink(path)  # nothing left behind: the descriptors and the maps keep it
-                os.ftruncate(fd, mmap.PAGESIZE)
-                self._view = mmap.mmap(fd, mmap.PAGESIZE)
-                self._view[0] = 1 if self._count else 0
-                self._fd, self._owner = fd, True
+            if self._fd is None and not self._failed:
+                try:
+                    fd = _anonymous_file("goclaw-turns")
+                    try:
+                        os.ftruncate(fd, mmap.PAGESIZE)
+                        view = mmap.mmap(fd, mmap.PAGESIZE)
+                    except BaseException:
+                        os.close(fd)
+                        raise
+                except OSError as exc:
+                    self._failed = True
+                    log.warning("the job process will not give way to waiting turns: no shared file (%s)", exc)
+                    return None
+                view[0] = 1 if self._count else 0
+                self._view, self._fd, self._owner = view, fd, True
             return self._fd
 
     def attach(self, fd: int) -> None:
@@ -216,6 +232,15 @@ class TurnsWaiting:
         deadline = time.monotonic() + GIVE_WAY_S
         while view[0] and time.monotonic() < deadline:
             _pause(GIVE_WAY_STEP_S)
+
+
+def _anonymous_file(name: str) -> int:
+    """A file with no name anywhere (Linux's ``memfd_create``; elsewhere a temporary file, removed at once)."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create(name)
+    fd, path = tempfile.mkstemp(prefix=f"{name}-")
+    os.unlink(path)  # the descriptors and the maps keep it
+    return fd
 
 
 TURNS = TurnsWaiting()

@@ -465,7 +465,7 @@ def _turns_file(pid: int) -> str | None:
     """The inode of the turns-waiting file ``pid`` maps (``gateway.hotstore.sqlite.TurnsWaiting``), if it maps one."""
     for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
         fields = line.split(maxsplit=5)
-        if len(fields) == 6 and "/goclaw-turns-" in fields[5]:
+        if len(fields) == 6 and "goclaw-turns" in fields[5]:
             return fields[4]
     return None
 

@@ -13,6 +13,7 @@ second process for the job's side, and a real ``goclaw serve`` for the plumbing.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sqlite3
 import sys
@@ -216,3 +217,44 @@ def test_in_the_serving_process_and_without_a_job_process_nothing_waits(turns: T
     turns.give_way()  # the serving process never holds its own writes back
     assert not turns.yields and turns.gave_way == 0
     turns.leave()
+
+
+async def test_without_the_shared_file_the_job_process_starts_and_does_not_give_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Out of file descriptors, say: the byte is a speed-up, never a reason for the jobs not to run."""
+    import gateway.jobproc as jobproc
+
+    def no_file(name: str) -> int:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(hot, "_anonymous_file", no_file)
+    own = TurnsWaiting()
+    monkeypatch.setattr(jobproc, "TURNS", own)
+    assert own.shared_fd() is None and own.shared_fd() is None
+    assert [r.getMessage() for r in caplog.records if "give way" in r.getMessage()] == [
+        "the job process will not give way to waiting turns: no shared file ([Errno 24] Too many open files)"
+    ]  # once
+    own.enter()  # a turn waits: nothing to set, nothing fails
+    own.leave()
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps({"database": {"url": f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"}}))
+    engine = make_engine(f"sqlite+aiosqlite:///{tmp_path / 'g.db'}")
+    await upgrade(engine)
+    await engine.dispose()
+    jobs = jobproc.JobProcess(str(config))
+    await jobs.start()
+    try:
+        assert jobs.pid is not None
+        cmdline = b""
+        for _ in range(3000):  # until it runs the job process's code (exec'd), up to 30 s
+            cmdline = Path(f"/proc/{jobs.pid}/cmdline").read_bytes()
+            if b"gateway.jobproc" in cmdline:
+                break
+            await asyncio.sleep(0.01)
+        assert cmdline.split(b"\0")[1:4] == [b"-m", b"gateway.jobproc", b"--fd"]
+        assert b"--turns-fd" not in cmdline
+        await asyncio.sleep(1)
+        assert jobs._proc is not None and jobs._proc.returncode is None  # running, its jobs to come
+    finally:
+        await jobs.stop()
