@@ -137,7 +137,7 @@ RELEASES = WriteLockReleases()
 GIVE_WAY_S = 0.05
 """The longest the job process holds back one write transaction for the serving process's waiting turns."""
 GIVE_WAY_STEP_S = 0.0005
-"""How often the job process looks at the byte meanwhile (every ``POLL_STEP_S``, it took 18% of its samples)."""
+"""How often the job process looks at the byte meanwhile (looking every ``POLL_STEP_S`` was 18% of its samples)."""
 
 
 class TurnsWaiting:
