@@ -373,6 +373,23 @@ class JobProcess:
                 log.error("cannot start the job process: %s; trying again in %.0f s", exc, delay)
 
 
+def release_notice(send: Callable[[bytes], None]) -> Callable[[], None]:
+    """What the job process does when one of its write transactions ends: tell serve, if a turn waits.
+
+    A turn that finds the lock held sets the byte (``TURNS``) before it waits for a release,
+    so with the byte clear no turn needs telling; each notice cost this process a system
+    call and woke the serving process's loop (4% of this process's samples at 8 clients).
+    A turn whose byte comes just after the look polls the lock inline and finds it free.
+    Without the byte (serve could not share it) every release is told, as before it.
+    """
+
+    def on_release() -> None:
+        if TURNS.turns_may_wait():
+            send(b"r\n")
+
+    return on_release
+
+
 async def run_job_process(cfg: Config, fd: int) -> None:
     """The child: the job worker of a gateway on ``cfg`` until its parent's end of the socket closes."""
     from gateway.app import Gateway
@@ -409,7 +426,7 @@ async def run_job_process(cfg: Config, fd: int) -> None:
     gw = Gateway(cfg, inline_driver=True)
     await gw.start(channels=False, worker=False)
     gw.worker.report = lambda kind, outcome: send(f"j {kind} {outcome}\n".encode())
-    RELEASES.on_release = lambda: send(b"r\n")
+    RELEASES.on_release = release_notice(send)
 
     requests = ParentRequests()
     distills: set[asyncio.Task[None]] = set()

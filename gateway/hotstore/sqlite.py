@@ -206,6 +206,11 @@ class TurnsWaiting:
         """Whether this process holds its writes back for the turns (a job process that attached)."""
         return self._view is not None and not self._owner
 
+    def turns_may_wait(self) -> bool:
+        """In a job process: whether the serving process's turns may be waiting (always, without the byte)."""
+        view = self._view
+        return view is None or self._owner or bool(view[0])
+
     def enter(self) -> None:
         """A write of the serving process found the lock held."""
         with self._lock:

@@ -258,3 +258,28 @@ async def test_without_the_shared_file_the_job_process_starts_and_does_not_give_
         assert jobs._proc is not None and jobs._proc.returncode is None  # running, its jobs to come
     finally:
         await jobs.stop()
+
+
+def test_the_job_process_tells_serve_of_a_release_only_while_a_turn_waits(
+    turns: TurnsWaiting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each notice is a system call here and a wake-up of serve's loop; with no turn waiting, nobody needs it."""
+    import gateway.jobproc as jobproc
+
+    job_side = TurnsWaiting()
+    job_side.attach(os.dup(turns.shared_fd() or -1))
+    monkeypatch.setattr(jobproc, "TURNS", job_side)
+    sent: list[bytes] = []
+    notice = jobproc.release_notice(sent.append)
+    notice()  # a job's commit, no turn waiting
+    assert sent == []
+    turns.enter()  # a turn found the lock held: the next release is told
+    notice()
+    assert sent == [b"r\n"]
+    turns.leave()
+    notice()
+    assert sent == [b"r\n"]
+    # A job process started without the byte tells every release, as before there was one.
+    monkeypatch.setattr(jobproc, "TURNS", TurnsWaiting())
+    jobproc.release_notice(sent.append)()
+    assert sent == [b"r\n", b"r\n"]
