@@ -81,13 +81,6 @@ class WriteLockReleases:
     backoff (1 ms doubling to 50 ms), which kept a turn that met an extraction
     job's transaction waiting 7-67 ms. A writer in another process reports
     nothing; the backoff still bounds the wait for it.
-
-    A release wakes one waiting write, the one that has waited longest, and each woken
-    write wakes the next when it ends (``pass_on``): through the loop, behind whatever was
-    queued meanwhile. Woken all at once, the writes waiting on a release ran back to back
-    with the rest of their turns, and under ``bench/model_load.py`` on SQLite ``/healthz``
-    waited behind that burst: once the job process gave way to them (``TurnsWaiting``), its
-    p99 rose from 64-70 ms to 87-114 ms in three alternating runs.
     """
 
     def __init__(self) -> None:
@@ -99,8 +92,7 @@ class WriteLockReleases:
         # and lost the lock again after it), and the seconds from each one's first busy try to its end.
         self.waits = self.busy_tries = 0
         self.wait_seconds = 0.0
-        # The writes waiting for a release, the longest-waiting first (a dict keeps the order).
-        self._waiters: dict[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]], None] = {}
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = set()
         self._lock = threading.Lock()
 
     def released(self) -> None:
@@ -109,18 +101,10 @@ class WriteLockReleases:
             self.on_release()
         with self._lock:
             self.generation += 1
-        self.pass_on()
-
-    def pass_on(self) -> None:
-        """Wake the write that has waited longest for a release, if one waits (any thread)."""
-        with self._lock:
-            if not self._waiters:
-                return
-            entry = next(iter(self._waiters))
-            del self._waiters[entry]
-        loop, fut = entry
-        with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
-            loop.call_soon_threadsafe(_wake, fut)
+            waiters, self._waiters = self._waiters, set()
+        for loop, fut in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
+                loop.call_soon_threadsafe(_wake, fut)
 
     def waited(self, tries: int, seconds: float) -> None:
         """A write found the lock held: ``tries`` busy tries, ``seconds`` from the first to its end (any thread)."""
@@ -137,14 +121,14 @@ class WriteLockReleases:
         with self._lock:
             if self.generation != generation:
                 return
-            self._waiters[entry] = None
+            self._waiters.add(entry)
         timer = loop.call_later(timeout, _wake, fut)
         try:
             await fut
         finally:
             timer.cancel()
             with self._lock:
-                self._waiters.pop(entry, None)
+                self._waiters.discard(entry)
 
 
 RELEASES = WriteLockReleases()
@@ -448,7 +432,7 @@ class SQLiteHotStore(HotStore):
         """
         wait = _FIRST_WAIT_S
         busy, first_busy, poll_until = 0, 0.0, 0.0
-        waiting = queued = False
+        waiting = False
         try:
             while True:
                 released = RELEASES.generation  # read before trying: a release after it is never missed
@@ -490,15 +474,12 @@ class SQLiteHotStore(HotStore):
                 # Another connection (the background thread's, a cold path's, another process's) holds the
                 # write lock: let the loop run, and try again when it is released or after the backoff.
                 self._waiting += 1
-                queued = True
                 try:
                     await RELEASES.wait(released, wait)
                 finally:
                     self._waiting -= 1
                 wait = min(wait * 2, _MAX_WAIT_S)
         finally:
-            if queued:
-                RELEASES.pass_on()  # the next write waiting for a release goes now, behind what the loop has queued
             if waiting:
                 TURNS.leave()
             if busy:

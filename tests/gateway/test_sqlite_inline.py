@@ -16,7 +16,6 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import insert, select, text
@@ -311,48 +310,3 @@ async def test_while_one_write_waits_for_a_release_the_next_does_not_poll_and_th
             holder.execute("ROLLBACK")
         holder.close()
         await plain.dispose()
-
-
-async def test_a_release_wakes_one_waiting_write_and_each_wakes_the_next_behind_the_loop_s_queue(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Woken all at once, the writes waiting for a release ran back to back with the rest of their turns,
-    and ``/healthz`` waited behind them: each is woken by the one before, through the loop."""
-    import gateway.hotstore.sqlite as hot
-
-    monkeypatch.setattr(hot, "_FIRST_WAIT_S", 30.0)  # only a release, or the write before, wakes them
-    monkeypatch.setattr(hot, "_MAX_WAIT_S", 30.0)
-    path = tmp_path / "line.db"
-    setup = sqlite3.connect(path, isolation_level=None)
-    setup.execute("PRAGMA journal_mode=WAL")
-    setup.execute("CREATE TABLE t (x TEXT)")
-    setup.close()
-    store = hot.SQLiteHotStore(str(path))
-    await store._run(lambda conn: conn.execute("INSERT INTO t VALUES ('open')"), write=True)
-    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    holder.execute("BEGIN IMMEDIATE")  # the job process's transaction
-    order: list[str] = []
-    loop = asyncio.get_running_loop()
-
-    def write(name: str) -> Any:
-        def body(conn: sqlite3.Connection) -> None:
-            conn.execute("INSERT INTO t VALUES (?)", (name,))
-            order.append(name)
-            if name == "first":
-                loop.call_soon(order.append, "queued meanwhile")  # a /healthz, say, arriving as it runs
-
-        return store._run(body, write=True)
-
-    try:
-        tasks = [asyncio.create_task(write(name)) for name in ("first", "second", "third")]
-        await asyncio.sleep(0.1)  # each found the lock held: the first polled for 2 ms, then all wait
-        assert order == [] and not any(t.done() for t in tasks)
-        holder.execute("COMMIT")
-        hot.RELEASES.released()  # the job process's notice
-        await asyncio.wait_for(asyncio.gather(*tasks), 15)
-        assert order == ["first", "queued meanwhile", "second", "third"]
-    finally:
-        if holder.in_transaction:
-            holder.execute("ROLLBACK")
-        holder.close()
-        await store.close()
