@@ -59,7 +59,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import Config
-from gateway.hotstore.sqlite import RELEASES, TURNS
+from gateway.hotstore.sqlite import RELEASES
 from gateway.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -260,11 +260,6 @@ class JobProcess:
         parent, child = socket.socketpair()
         parent.setblocking(False)
         cmd = [sys.executable, "-m", "gateway.jobproc", "--fd", str(child.fileno())]
-        fds = [child.fileno()]
-        turns = TURNS.shared_fd()  # on SQLite its writes give way to the turns waiting for the lock
-        if turns is not None:
-            cmd += ["--turns-fd", str(turns)]
-            fds.append(turns)
         if self.config_source is not None:
             cmd += ["--config", self.config_source[1], "--config-on-stdin"]
         elif self.config_path:
@@ -272,7 +267,7 @@ class JobProcess:
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *cmd,
-                pass_fds=fds,
+                pass_fds=(child.fileno(),),
                 stdin=asyncio.subprocess.PIPE if self.config_source is not None else asyncio.subprocess.DEVNULL,
             )
             if self.config_source is not None:
@@ -373,23 +368,6 @@ class JobProcess:
                 log.error("cannot start the job process: %s; trying again in %.0f s", exc, delay)
 
 
-def release_notice(send: Callable[[bytes], None]) -> Callable[[], None]:
-    """What the job process does when one of its write transactions ends: tell serve, if a turn waits.
-
-    A turn that finds the lock held sets the byte (``TURNS``) before it waits for a release,
-    so with the byte clear no turn needs telling; each notice cost this process a system
-    call and woke the serving process's loop (4% of this process's samples at 8 clients).
-    A turn whose byte comes just after the look polls the lock inline and finds it free.
-    Without the byte (serve could not share it) every release is told, as before it.
-    """
-
-    def on_release() -> None:
-        if TURNS.turns_may_wait():
-            send(b"r\n")
-
-    return on_release
-
-
 async def run_job_process(cfg: Config, fd: int) -> None:
     """The child: the job worker of a gateway on ``cfg`` until its parent's end of the socket closes."""
     from gateway.app import Gateway
@@ -426,7 +404,7 @@ async def run_job_process(cfg: Config, fd: int) -> None:
     gw = Gateway(cfg, inline_driver=True)
     await gw.start(channels=False, worker=False)
     gw.worker.report = lambda kind, outcome: send(f"j {kind} {outcome}\n".encode())
-    RELEASES.on_release = release_notice(send)
+    RELEASES.on_release = lambda: send(b"r\n")
 
     requests = ParentRequests()
     distills: set[asyncio.Task[None]] = set()
@@ -549,13 +527,12 @@ def _file_size(path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gateway.jobproc --fd N [--turns-fd N] [--config PATH [--config-on-stdin]]`` (``goclaw serve``'s)."""
+    """``python -m gateway.jobproc --fd N [--config PATH [--config-on-stdin]]`` (started by ``goclaw serve``)."""
     from gateway.config import find_config_path, load_config, load_config_text
     from gateway.errors import GoclawError
 
     ap = argparse.ArgumentParser(prog="python -m gateway.jobproc", description=__doc__.split("\n", 1)[0])
     ap.add_argument("--fd", type=int, required=True, help="the socket goclaw serve passed")
-    ap.add_argument("--turns-fd", type=int, default=None, help="the file goclaw serve sets while its turns wait")
     ap.add_argument("--config", default=None)
     ap.add_argument("--config-on-stdin", action="store_true", help="the config's text comes on stdin (from serve)")
     args = ap.parse_args(argv)
@@ -570,8 +547,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # It writes to serve's own log (its stderr): each line says it came from here.
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s [job process] %(name)s: %(message)s")
-    if args.turns_fd is not None:
-        TURNS.attach(args.turns_fd)
     asyncio.run(run_job_process(cfg, args.fd))
     return 0
 

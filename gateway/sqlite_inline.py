@@ -31,24 +31,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.hotstore.sqlite import RELEASES, TURNS
-
-_TAKES_WRITE_LOCK = ("INSERT", "UPDATE", "DELETE", "REPLACE", "BEGIN IMMEDIATE", "BEGIN EXCLUSIVE")
-"""How a statement that takes SQLite's write lock begins (what SQLAlchemy's writes and the memory store's send)."""
-
-
-def _give_way(cursor: sqlite3.Cursor, sql: str) -> None:
-    """In the job process, before a transaction's first write: the serving process's waiting turns go first.
-
-    Only outside a transaction (the statement begins one and takes the lock): inside one
-    this connection holds the lock already, and waiting would keep the turns waiting longer.
-    """
-    if (
-        TURNS.yields
-        and not cursor.connection.in_transaction
-        and sql.lstrip()[:15].upper().startswith(_TAKES_WRITE_LOCK)
-    ):
-        TURNS.give_way()
+from gateway.hotstore.sqlite import RELEASES
 
 
 class InlineCursor:
@@ -66,7 +49,6 @@ class InlineCursor:
         self._cursor.close()
 
     async def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> InlineCursor:
-        _give_way(self._cursor, sql)
         if parameters is None:
             self._cursor.execute(sql)
         else:
@@ -74,7 +56,6 @@ class InlineCursor:
         return self
 
     async def executemany(self, sql: str, parameters: Iterable[Sequence[Any]]) -> InlineCursor:
-        _give_way(self._cursor, sql)
         self._cursor.executemany(sql, parameters)
         return self
 

@@ -13,8 +13,7 @@ on SQLITE_BUSY/LOCKED the transaction is rolled back and retried: a write polls
 the lock inline for up to 2 ms first (the job process's transactions are
 shorter), then awaits its release (1 ms, doubling to 50 ms, or when a release
 is reported), for up to ``busy_timeout_s``; then the error is raised ("database
-is locked"), which the gateway answers 503. While a turn's write waits, the job
-process begins no write transaction of its own (``TurnsWaiting``).
+is locked"), which the gateway answers 503.
 """
 
 from __future__ import annotations
@@ -22,11 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
-import mmap
 import os
 import sqlite3
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -55,8 +51,6 @@ from gateway.hotstore.base import (
 from gateway.kept import Kept
 
 T = TypeVar("T")
-
-log = logging.getLogger(__name__)
 
 _BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 _FIRST_WAIT_S = 0.001
@@ -134,123 +128,6 @@ class WriteLockReleases:
 RELEASES = WriteLockReleases()
 """This process's write-lock releases (one per process: every SQLite database in it shares it)."""
 
-GIVE_WAY_S = 0.05
-"""The longest the job process holds back one write transaction for the serving process's waiting turns."""
-GIVE_WAY_STEP_S = 0.0005
-"""How often the job process looks at the byte meanwhile (looking every ``POLL_STEP_S`` was 18% of its samples)."""
-
-
-class TurnsWaiting:
-    """Whether the serving process's turns wait for SQLite's write lock, seen by its job process.
-
-    One byte of a file both processes map. The serving process sets it while any of
-    its writes waits for the lock (``enter`` at the first busy try, ``leave`` when the
-    write ends), and the job process, before each write transaction it begins (the hot
-    store's, its SQLAlchemy engine's, a restarting checkpoint), waits while it is set,
-    up to ``GIVE_WAY_S``. The job process begins its next transaction the moment the
-    last one commits, and a turn polls the lock every ``POLL_STEP_S`` or waits for a
-    release through its loop: the job process nearly always took the lock again
-    first. Under 8 clients a burst of trims (sessions that started together trim
-    together) kept the turns in flight waiting 30-90 ms each, 87% of their time
-    waiting for the lock in waits over 5 ms (``bench/turn_overhead.py``, an
-    instrumented run).
-
-    The serving process makes the file (``shared_fd``, passed to each job process it
-    starts); a job process ``attach``es it read-only. In any other process, or with
-    no job process, every method here does nothing.
-    """
-
-    def __init__(self) -> None:
-        self._view: mmap.mmap | None = None
-        self._fd: int | None = None
-        self._owner = False  # the serving process sets the byte; the job process reads it
-        self._count = 0  # the owner's writes waiting now (the loop's, and the worker thread's)
-        self._failed = False  # the file could not be made: the job process starts without it
-        self._lock = threading.Lock()
-        self.gave_way = 0  # write transactions the job process held back
-
-    def shared_fd(self) -> int | None:
-        """The serving process's side: a descriptor of the file, for a job process (``--turns-fd``).
-
-        None if it cannot be made (logged once): the job process then starts without it, and
-        does not give way.
-        """
-        with self._lock:
-            if self._fd is None and not self._failed:
-                try:
-                    fd = _anonymous_file("goclaw-turns")
-                    try:
-                        os.ftruncate(fd, mmap.PAGESIZE)
-                        view = mmap.mmap(fd, mmap.PAGESIZE)
-                    except BaseException:
-                        os.close(fd)
-                        raise
-                except OSError as exc:
-                    self._failed = True
-                    log.warning("the job process will not give way to waiting turns: no shared file (%s)", exc)
-                    return None
-                view[0] = 1 if self._count else 0
-                self._view, self._fd, self._owner = view, fd, True
-            return self._fd
-
-    def attach(self, fd: int) -> None:
-        """The job process's side: map the serving process's file, read-only, and close ``fd``."""
-        try:
-            self._view = mmap.mmap(fd, mmap.PAGESIZE, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
-        self._owner = False
-
-    @property
-    def yields(self) -> bool:
-        """Whether this process holds its writes back for the turns (a job process that attached)."""
-        return self._view is not None and not self._owner
-
-    def turns_may_wait(self) -> bool:
-        """In a job process: whether the serving process's turns may be waiting (always, without the byte)."""
-        view = self._view
-        return view is None or self._owner or bool(view[0])
-
-    def enter(self) -> None:
-        """A write of the serving process found the lock held."""
-        with self._lock:
-            self._count += 1
-            if self._owner and self._count == 1:
-                self._view[0] = 1  # type: ignore[index]
-
-    def leave(self) -> None:
-        """That write ended (committed, or failed)."""
-        with self._lock:
-            self._count -= 1
-            if self._owner and self._count == 0:
-                self._view[0] = 0  # type: ignore[index]
-
-    def give_way(self) -> None:
-        """In a job process, before it takes the write lock: wait while the turns wait, up to ``GIVE_WAY_S``.
-
-        It waits inline (the job process's loop answers no turn), looking every ``GIVE_WAY_STEP_S``.
-        """
-        view = self._view
-        if view is None or self._owner or not view[0]:
-            return
-        self.gave_way += 1
-        deadline = time.monotonic() + GIVE_WAY_S
-        while view[0] and time.monotonic() < deadline:
-            _pause(GIVE_WAY_STEP_S)
-
-
-def _anonymous_file(name: str) -> int:
-    """A file with no name anywhere (Linux's ``memfd_create``; elsewhere a temporary file, removed at once)."""
-    if hasattr(os, "memfd_create"):
-        return os.memfd_create(name)
-    fd, path = tempfile.mkstemp(prefix=f"{name}-")
-    os.unlink(path)  # the descriptors and the maps keep it
-    return fd
-
-
-TURNS = TurnsWaiting()
-"""This process's side of the byte the serving process sets while its turns wait for the write lock."""
-
 CHECKPOINT_BUSY_TIMEOUT_MS = 50
 """How long a restarting checkpoint waits for the write lock and for readers (``checkpoint_wal``).
 
@@ -289,7 +166,6 @@ def checkpoint_wal(conn: sqlite3.Connection, limit_bytes: int) -> str:
     (page,) = conn.execute("PRAGMA page_size").fetchone()
     if frames * (page + 24) <= limit_bytes:  # a frame is a page and its 24-byte header
         return "copied"
-    TURNS.give_way()  # it takes the write lock: not while a turn waits for it
     busy, _frames, _copied = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
     return "busy" if busy else "restarted"
 
@@ -427,12 +303,9 @@ class SQLiteHotStore(HotStore):
         clients the other turns, each about a millisecond without a suspension), 5-6 ms a
         waiting write, and the turns' p99 was 24-30 ms against 17 with no jobs running.
         Past ``POLL_S`` it lets the loop run and tries again when the lock is released.
-        From its first busy try to its end the job process begins no write (``TURNS``); in
-        the job process a write first gives way to the serving process's waiting turns.
         """
         wait = _FIRST_WAIT_S
         busy, first_busy, poll_until = 0, 0.0, 0.0
-        waiting = False
         try:
             while True:
                 released = RELEASES.generation  # read before trying: a release after it is never missed
@@ -440,7 +313,6 @@ class SQLiteHotStore(HotStore):
                 try:
                     if not write:
                         return body(conn)
-                    TURNS.give_way()  # in the job process: a turn waiting for the lock goes first
                     conn.execute("BEGIN IMMEDIATE")
                     try:
                         result = body(conn)
@@ -461,9 +333,6 @@ class SQLiteHotStore(HotStore):
                         busy += 1
                         if busy == 1:
                             first_busy = now
-                            if write:
-                                TURNS.enter()  # the job process holds its next write back
-                                waiting = True
                             if write and not self._waiting:
                                 poll_until = now + POLL_S
                         if now >= first_busy + self.busy_timeout_s:
@@ -480,8 +349,6 @@ class SQLiteHotStore(HotStore):
                     self._waiting -= 1
                 wait = min(wait * 2, _MAX_WAIT_S)
         finally:
-            if waiting:
-                TURNS.leave()
             if busy:
                 RELEASES.waited(busy, time.monotonic() - first_busy)
 
