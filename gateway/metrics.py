@@ -28,6 +28,7 @@ class Metrics:
         self.jobs = Counter("goclaw_jobs", "Background jobs", ["kind", "outcome"], registry=self.registry)
         self.registry.register(_WriteLockWaits())
         self.registry.register(_GcPauses())
+        self.registry.register(_TurnstileWaits())
 
     def render(self) -> bytes:
         """The text exposition format."""
@@ -57,6 +58,19 @@ class _WriteLockWaits(Collector):
             "goclaw_sqlite_write_wait_seconds",
             "Seconds hot-store writes (turns) waited for SQLite's write lock",
             value=RELEASES.wait_seconds,
+        )
+
+
+class _TurnstileWaits(Collector):
+    """Pieces of turns that waited for a later pass of the event loop (``gateway.turnstile``)."""
+
+    def collect(self) -> Iterator[Metric]:
+        from gateway.turnstile import STATS
+
+        yield CounterMetricFamily(
+            "goclaw_turnstile_waits",
+            "Pieces of turns that waited for a later pass of the event loop, the loop's sockets read meanwhile",
+            value=STATS.waited,
         )
 
 

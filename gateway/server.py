@@ -18,6 +18,7 @@ from gateway.cli_base import load
 from gateway.config import Config, check_secrets
 from gateway.errors import DatabaseUnavailable, GoclawError
 from gateway.resume import resume_unanswered
+from gateway.turnstile import TurnLoop
 from gateway.web.auth import login_url, with_dashboard_token
 
 log = logging.getLogger("goclaw")
@@ -45,7 +46,10 @@ def serve_command(config: str | None, workers: int = 1, child: int | None = None
         if workers > 1:
             supervise(cfg, config, workers)
             return
-        asyncio.run(serve_forever(cfg, child=child, config_path=config))
+        # Its turns go through the loop's turnstile: a burst of them never keeps the sockets unread
+        # for long (gateway/turnstile.py).
+        with asyncio.Runner(loop_factory=TurnLoop) as runner:
+            runner.run(serve_forever(cfg, child=child, config_path=config))
     except KeyboardInterrupt:
         pass
     except (SuperviseError, DatabaseUnavailable) as exc:

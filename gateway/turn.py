@@ -20,6 +20,7 @@ from gateway.metrics import Metrics
 from gateway.ordering import AnswerOrder
 from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, learning_line, safe_name
 from gateway.sessions import SessionKey, SessionStore, StoredMessage, TrimResult
+from gateway.turnstile import turnstile
 from memory.types import SliceMessage
 from pairing.principal import SYSTEM_PRINCIPALS, Principal
 
@@ -303,6 +304,8 @@ class TurnHandler:
 
     async def _handle_locked(self, req: TurnRequest, on_chunk: ChunkSink | None) -> tuple[TurnResult, bool]:
         """The turn up to its reply, and whether the history now needs a trim."""
+        # A burst of turns is spread over the loop's passes, its sockets read between them (gateway/turnstile.py).
+        await turnstile()
         start = await self.sessions.begin_turn(
             req.key,
             platform_message_id=req.message_id,
@@ -410,6 +413,7 @@ class TurnHandler:
                 # (which is not sent again: the provider does not retry after it).
                 await on_chunk(GatewayNotice("\n\n" + UNAVAILABLE_REPLY if streamed else UNAVAILABLE_REPLY))
             return TurnResult(session_id, UNAVAILABLE_REPLY, failed=True)
+        await turnstile()  # the model's answer: the rest of the turn is a piece of its own
         explanation = explain_turn(
             messages=messages,
             history_tokens=history_tokens,
