@@ -287,7 +287,7 @@ async def measure(name: str, source: Path, run: int, tmp: Path, args: argparse.N
         pid, stop = g.proc.pid, asyncio.Event()
         quiet_start, cpu_start, waits_start = time.time(), Cpu.read(pid), await lock_waits(g.port)
         cpu_at_t0: list[Cpu] = []
-        waits_at: list[tuple[float, float, float]] = []
+        waits_at: list[tuple[float, float, float, float]] = []
 
         async def at_t0() -> None:
             await sleep_until(t0_wall)
@@ -336,7 +336,7 @@ async def measure(name: str, source: Path, run: int, tmp: Path, args: argparse.N
     return Result(name, run, quiet, busy, end_line, seed_s)
 
 
-def _less(a: tuple[float, float, float], b: tuple[float, float, float]) -> tuple[float, float, float]:
+def _less(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, float, float]:
     return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
 
 

@@ -135,25 +135,29 @@ HEALTH_SAMPLER = textwrap.dedent(
 )
 
 
-async def gc_pauses(http: aiohttp.ClientSession, base: str) -> tuple[float, float, float]:
-    """The gateway's cyclic-collector pauses so far: (collections, seconds in all, collections over 20 ms).
+async def gc_pauses(http: aiohttp.ClientSession, base: str) -> tuple[float, float, float, float]:
+    """The gateway's cyclic-collector pauses so far: (collections, seconds in all, collections over 20 ms),
+    and the turns' pieces that waited at its turnstile for a later pass of the loop.
 
-    From ``/metrics`` (``goclaw_gc_pause_seconds``, trees since the twenty-sixth session); NaN for a tree
-    without it.
+    From ``/metrics`` (``goclaw_gc_pause_seconds``, trees since the twenty-sixth session;
+    ``goclaw_turnstile_waits_total`` since the thirty-eighth); NaN for a tree without it.
     """
     async with http.get(f"{base}/metrics") as r:
         text = await r.text()
     count = total = within = 0.0
+    waits = NAN
     seen = False
     for metric_line in text.splitlines():
         name, _, value = metric_line.partition(" ")
-        if name.startswith("goclaw_gc_pause_seconds_count{"):
+        if name == "goclaw_turnstile_waits_total":
+            waits = float(value)
+        elif name.startswith("goclaw_gc_pause_seconds_count{"):
             count, seen = count + float(value), True
         elif name.startswith("goclaw_gc_pause_seconds_sum{"):
             total += float(value)
         elif name.startswith("goclaw_gc_pause_seconds_bucket{") and name.endswith(',le="0.02"}'):
             within += float(value)
-    return (count, total, count - within) if seen else (NAN, NAN, NAN)
+    return ((count, total, count - within) if seen else (NAN, NAN, NAN)) + (waits,)
 
 
 async def healthz_sampler(base: str, seconds: float, every: float = 0.05) -> list[float]:
@@ -255,6 +259,7 @@ async def drive(
         "gc_pauses": gc_after[0] - gc_before[0],
         "gc_ms": (gc_after[1] - gc_before[1]) * 1000,
         "gc_over_20ms": gc_after[2] - gc_before[2],
+        "turnstile_waits": (gc_after[3] - gc_before[3]) / turns if turns else NAN,
         **({"wal_peak_mb": max(wal_sizes) / 2**20, "wal_end_mb": wal_sizes[-1] / 2**20} if wal_sizes else {}),
     }
 
@@ -363,6 +368,11 @@ def line(name: str, r: dict[str, Any], model_ms: float) -> str:
             f"\n{'':<22} its cyclic garbage collections: {r['gc_pauses']:.0f}, {r['gc_ms']:.1f} ms in all, "
             f"{r['gc_over_20ms']:.0f} over 20 ms"
             if r.get("gc_pauses") == r.get("gc_pauses")  # NaN: a tree without goclaw_gc_pause_seconds
+            else ""
+        )
+        + (
+            f"\n{'':<22} pieces of turns that waited at its turnstile: {r['turnstile_waits']:.2f} a turn"
+            if r.get("turnstile_waits") == r.get("turnstile_waits")  # NaN: a tree without it
             else ""
         )
         + (

@@ -304,19 +304,22 @@ async def durable_commit_ms(server: str, commits: int = 200) -> float:
         await conn.close()
 
 
-Result = tuple[float, float, float, float, float, float, float, float, float]
+Result = tuple[float, float, float, float, float, float, float, float, float, float]
 NAN = float("nan")
 _LOCK_METRICS = (
     "goclaw_sqlite_write_waits_total",
     "goclaw_sqlite_write_busy_tries_total",
     "goclaw_sqlite_write_wait_seconds_total",
+    "goclaw_turnstile_waits_total",
 )
 
 
-async def lock_waits(port: int) -> tuple[float, float, float]:
-    """The gateway's turn writes that waited for SQLite's write lock so far: (writes, busy tries, seconds).
+async def lock_waits(port: int) -> tuple[float, float, float, float]:
+    """The gateway's turn writes that waited for SQLite's write lock so far: (writes, busy tries, seconds),
+    and the turns' pieces that waited at its turnstile for a later pass of the loop.
 
-    From ``/metrics`` (trees since 2026-12-04's nineteenth session); NaN for a tree without them.
+    From ``/metrics`` (trees since 2026-12-04's nineteenth session; the turnstile since the
+    thirty-eighth); NaN for a tree without them.
     """
     async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
         text = await r.text()
@@ -386,7 +389,7 @@ async def measure(
     cpu_ms = (cpu_seconds(pid) - cpu0) * 1000 / requests
     loop_ms = (cpu_seconds(pid, thread=pid) - loop0) * 1000 / requests
     pg_ms = (postgres_cpu_seconds() - pg0) * 1000 / requests if postgres else 0.0
-    waits, tries, wait_s = (b - a for a, b in zip(waits0, await lock_waits(g.port), strict=True))
+    waits, tries, wait_s, turnstile = (b - a for a, b in zip(waits0, await lock_waits(g.port), strict=True))
     return (
         tps,
         pct(lat, 0.5),
@@ -397,6 +400,7 @@ async def measure(
         waits / requests,
         tries / requests,
         wait_s * 1000 / requests,
+        turnstile / requests,
     )
 
 
@@ -469,7 +473,7 @@ async def main() -> None:
             for run in range(args.runs):
                 for clients in levels:
                     e_tps, e_lat = await load(echo_url, args.requests, clients, headers)
-                    echo_r = (e_tps, pct(e_lat, 0.5), pct(e_lat, 0.99), 0.0, 0.0, 0.0, NAN, NAN, NAN)
+                    echo_r = (e_tps, pct(e_lat, 0.5), pct(e_lat, 0.99), 0.0, 0.0, 0.0, NAN, NAN, NAN, NAN)
                     results.setdefault(("echo", clients), []).append(echo_r)
                     line = f"run {run + 1}, {clients} client(s): echo {e_tps:7.1f} req/s"
                     # The order alternates: whichever tree runs first after the echo measured 8-10%
@@ -522,6 +526,7 @@ async def main() -> None:
                     if not args.postgres and not math.isnan(med(key, 6))
                     else ""
                 )
+                + (f"; pieces waited at the turnstile: {med(key, 9):.3f}/turn" if not math.isnan(med(key, 9)) else "")
             )
         if len(gateways) == 2:
             speedup = med(("this", clients), 0) / med(("baseline", clients), 0)
