@@ -69,7 +69,7 @@ from typing import IO
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from turn_overhead import ROOT, TOKEN, Gateway, cpu_seconds, lock_waits, pct, wait_up
+from turn_overhead import ROOT, TOKEN, Gateway, cpu_seconds, gateway_waits, pct, wait_up
 
 END_MARK = "consolidation (nightly):"
 """Logged by ``gateway.scheduler`` when the nightly run ends (``log.info("consolidation (%s): %s", ...)``)."""
@@ -285,14 +285,14 @@ async def measure(name: str, source: Path, run: int, tmp: Path, args: argparse.N
         await sleep_until(t0_wall - QUIET_S)
 
         pid, stop = g.proc.pid, asyncio.Event()
-        quiet_start, cpu_start, waits_start = time.time(), Cpu.read(pid), await lock_waits(g.port)
+        quiet_start, cpu_start, waits_start = time.time(), Cpu.read(pid), await gateway_waits(g.port)
         cpu_at_t0: list[Cpu] = []
         waits_at: list[tuple[float, float, float, float]] = []
 
         async def at_t0() -> None:
             await sleep_until(t0_wall)
             cpu_at_t0.append(Cpu.read(pid))
-            waits_at.append(await lock_waits(g.port))
+            waits_at.append(await gateway_waits(g.port))
 
         driving = asyncio.create_task(drive(g.url, args.clients, args.text, stop))
         sampling = asyncio.create_task(at_t0())
@@ -302,7 +302,7 @@ async def measure(name: str, source: Path, run: int, tmp: Path, args: argparse.N
             timeout = t0_wall + args.timeout - time.time()
             await asyncio.wait({driving, ended}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if ended.done():
-                waits_at.append(await lock_waits(g.port))  # a turn or two past the end line: its window's
+                waits_at.append(await gateway_waits(g.port))  # a turn or two past the end line: its window's
                 await asyncio.sleep(AFTER_END_S)
         finally:
             stop.set()

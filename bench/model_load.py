@@ -135,7 +135,7 @@ HEALTH_SAMPLER = textwrap.dedent(
 )
 
 
-async def gc_pauses(http: aiohttp.ClientSession, base: str) -> tuple[float, float, float, float]:
+async def loop_stalls(http: aiohttp.ClientSession, base: str) -> tuple[float, float, float, float]:
     """The gateway's cyclic-collector pauses so far: (collections, seconds in all, collections over 20 ms),
     and the turns' pieces that waited at its turnstile for a later pass of the loop.
 
@@ -226,7 +226,7 @@ async def drive(
         if peer_pid:
             pids["peer"] = peer_pid
         share = MachineShare(pids, postgres=postgres)
-        gc_before = await gc_pauses(http, base)
+        stalls_before = await loop_stalls(http, base)
         sampler = asyncio.create_task(healthz_sampler(base, seconds))
         wal_sizes: list[int] = []
 
@@ -239,7 +239,7 @@ async def drive(
         wal_sampler = asyncio.create_task(sample_wal())
         await asyncio.sleep(seconds)
         stop.set()
-        gc_after = await gc_pauses(http, base)
+        stalls_after = await loop_stalls(http, base)
         await wal_sampler
         elapsed = time.perf_counter() - counted
         turns = len(latencies)
@@ -256,10 +256,10 @@ async def drive(
         "health_p50": pct(health, 0.5),
         "health_p99": pct(health, 0.99),
         "error_kinds": errors,
-        "gc_pauses": gc_after[0] - gc_before[0],
-        "gc_ms": (gc_after[1] - gc_before[1]) * 1000,
-        "gc_over_20ms": gc_after[2] - gc_before[2],
-        "turnstile_waits": (gc_after[3] - gc_before[3]) / turns if turns else NAN,
+        "gc_pauses": stalls_after[0] - stalls_before[0],
+        "gc_ms": (stalls_after[1] - stalls_before[1]) * 1000,
+        "gc_over_20ms": stalls_after[2] - stalls_before[2],
+        "turnstile_waits": (stalls_after[3] - stalls_before[3]) / turns if turns else NAN,
         **({"wal_peak_mb": max(wal_sizes) / 2**20, "wal_end_mb": wal_sizes[-1] / 2**20} if wal_sizes else {}),
     }
 

@@ -314,7 +314,7 @@ _LOCK_METRICS = (
 )
 
 
-async def lock_waits(port: int) -> tuple[float, float, float, float]:
+async def gateway_waits(port: int) -> tuple[float, float, float, float]:
     """The gateway's turn writes that waited for SQLite's write lock so far: (writes, busy tries, seconds),
     and the turns' pieces that waited at its turnstile for a later pass of the loop.
 
@@ -381,7 +381,7 @@ async def measure(
     assert g.proc is not None
     pid = g.proc.pid
     await settle(pid)  # nothing left over from before (the job process starting, the last load's jobs)
-    waits0 = await lock_waits(g.port)
+    waits0 = await gateway_waits(g.port)
     cpu0, loop0 = cpu_seconds(pid), cpu_seconds(pid, thread=pid)
     pg0 = postgres_cpu_seconds() if postgres else 0.0
     tps, lat = await load(g.url, requests, clients, headers)
@@ -389,7 +389,7 @@ async def measure(
     cpu_ms = (cpu_seconds(pid) - cpu0) * 1000 / requests
     loop_ms = (cpu_seconds(pid, thread=pid) - loop0) * 1000 / requests
     pg_ms = (postgres_cpu_seconds() - pg0) * 1000 / requests if postgres else 0.0
-    waits, tries, wait_s, turnstile = (b - a for a, b in zip(waits0, await lock_waits(g.port), strict=True))
+    waits, tries, wait_s, turnstile = (b - a for a, b in zip(waits0, await gateway_waits(g.port), strict=True))
     return (
         tps,
         pct(lat, 0.5),

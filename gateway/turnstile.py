@@ -60,8 +60,9 @@ class Turnstile:
         self.budget_s = budget_s
         self._polled_at = time.perf_counter()
         self._passes = 0  # polls so far
-        self._in_pass: set[asyncio.Task[Any] | None] = set()  # tasks whose piece went through in pass _in_pass_of
-        self._in_pass_of = 0
+        # The last piece through: its task, and the pass it went in. Only that task can come back
+        # in the same pass (nothing else runs until it suspends, and a suspended task resumes later).
+        self._went: tuple[asyncio.Task[Any] | None, int] | None = None
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     @property
@@ -83,17 +84,11 @@ class Turnstile:
 
     async def __call__(self) -> None:
         """Go through now, or wait for a later pass of the loop."""
-        task = asyncio.current_task()
-        if self._in_pass_of != self._passes:
-            self._in_pass.clear()
-            self._in_pass_of = self._passes
-        if time.perf_counter() - self._polled_at < self.budget_s:
-            if not self._waiters or task in self._in_pass:
-                self._in_pass.add(task)
-                return
-            again = False
-        else:
-            again = task in self._in_pass
+        went = (asyncio.current_task(), self._passes)
+        again = self._went == went
+        if time.perf_counter() - self._polled_at < self.budget_s and (again or not self._waiters):
+            self._went = went
+            return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if again:
             self._waiters.appendleft(fut)  # its turn went on past the budget: it is next
@@ -106,10 +101,7 @@ class Turnstile:
             if not fut.done():
                 self._waiters.remove(fut)
             raise
-        if self._in_pass_of != self._passes:
-            self._in_pass.clear()
-            self._in_pass_of = self._passes
-        self._in_pass.add(task)
+        self._went = (went[0], self._passes)
 
 
 class _PollingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
