@@ -164,11 +164,11 @@ def checkpoint_wal(conn: sqlite3.Connection, limit_bytes: int) -> str:
     pass copies the frames written meanwhile and the file is flushed again: the
     ``RESTART`` is left a few frames to copy and sync, 1.8 ms (median) and up to 2.7 ms
     under the same load. Nothing about what is durable changes (the ``RESTART`` still
-    syncs the WAL and the file itself). The next
-    write then starts from the WAL's beginning, and its commit cuts the file to
-    ``journal_size_limit`` (``gateway.db.make_engine``). While a reader is still on the
-    WAL it waits at most ``CHECKPOINT_BUSY_TIMEOUT_MS`` holding the lock; if the reader
-    is not done by then nothing starts again.
+    syncs the WAL and the file itself). The next write then starts from the WAL's
+    beginning, and its commit cuts the file to ``journal_size_limit``
+    (``gateway.db.make_engine``). While a reader is still on the WAL it waits at most
+    ``CHECKPOINT_BUSY_TIMEOUT_MS`` holding the lock; if the reader is not done by then
+    nothing starts again.
     """
     _busy, frames, _copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
     (page,) = conn.execute("PRAGMA page_size").fetchone()
