@@ -267,6 +267,11 @@ class SessionStore:
             assert found is not None
             return found
 
+    @property
+    def remote(self) -> bool:
+        """Whether the hot path's statements wait on a database server (PostgreSQL): two can then overlap."""
+        return self._hot.remote
+
     async def _find_session(self, s: AsyncSession, key: SessionKey) -> str | None:
         return (
             await s.execute(

@@ -177,6 +177,22 @@ def _history_line(m: StoredMessage) -> tuple[ChatMessage, int]:
     return msg, estimate_tokens(msg.content)
 
 
+_Early = tuple["asyncio.Task[MemoryContext]", Principal, list[str]]
+"""An early memory read (``TurnHandler._early_memory``): its task, and the speaker and texts it read for."""
+
+_TAILS = 16_384
+"""Sessions whose last texts a turn handler keeps (``_remember_tail``); the least recently answered goes first."""
+
+
+def _early_done(running: set[asyncio.Task[MemoryContext]]) -> Callable[[asyncio.Task[MemoryContext]], None]:
+    def done(task: asyncio.Task[MemoryContext]) -> None:
+        running.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a read that failed or was not used is not an unhandled error
+
+    return done
+
+
 class TurnHandler:
     """Handles messages of one session in order, different sessions concurrently."""
 
@@ -210,6 +226,9 @@ class TurnHandler:
         # model holds no slot while others store messages or run their tools.
         self.model_calls = ModelCallLimit(config.llm.max_concurrent_calls)
         self._trims: set[asyncio.Task[None]] = set()
+        # PostgreSQL: each session's last texts, so its next turn reads memory beside its history (_early_memory).
+        self._tails: dict[SessionKey, tuple[str, ...]] | None = {} if getattr(sessions, "remote", False) else None
+        self._early: set[asyncio.Task[MemoryContext]] = set()
         # Each history line the model is shown, with its tokens, made once per stored message (gateway/kept.py).
         self._lines: Kept[StoredMessage, tuple[ChatMessage, int]] = Kept()
         self.budgets = PromptBudgets(memory=config.memory.prompt_token_budget)
@@ -306,6 +325,7 @@ class TurnHandler:
         """The turn up to its reply, and whether the history now needs a trim."""
         # A burst of turns is spread over the loop's passes, its sockets read between them (gateway/turnstile.py).
         await turnstile()
+        early = self._early_memory(req)
         start = await self.sessions.begin_turn(
             req.key,
             platform_message_id=req.message_id,
@@ -341,7 +361,9 @@ class TurnHandler:
             if start.waiting_on:
                 start = await self.order.wait(start, history_limit=self.config.session.max_messages + 2)
             assert start.stored is not None
-            result = await self._answer(session_id, req, start.stored, start.history, start.previous_context, on_chunk)
+            result = await self._answer(
+                session_id, req, start.stored, start.history, start.previous_context, on_chunk, early
+            )
             result.principal = req.principal
             failed = result.failed
         finally:
@@ -357,6 +379,7 @@ class TurnHandler:
         history: list[StoredMessage],
         previous_context: str,
         on_chunk: ChunkSink | None,
+        early: _Early | None = None,
     ) -> TurnResult:
         directive_reply = await self.memory.directive(
             req.principal, req.text, session_id=session_id, message_id=req.message_id, said_at=req.said_at
@@ -370,7 +393,8 @@ class TurnHandler:
             return TurnResult(session_id, directive_reply, turn_record_id=record_id)
 
         # The last six messages' texts (memory reads them as joined by spaces; gateway/kept.py keeps the strings).
-        mem = await self.memory.context(req.principal, [m.text for m in history[-6:]], run=req.run)
+        texts = [m.text for m in history[-6:]]
+        mem = await self._memory_context(req, texts, early)
         system = build_system_prompt(
             persona=self.config.agent.persona,
             agent_name=self.config.agent.name,
@@ -427,7 +451,52 @@ class TurnHandler:
             output_tokens=loop.output_tokens,
         )
         reply, record_id = await self._store_reply(session_id, req, stored, reply, explanation)
+        if self._tails is not None:
+            self._remember_tail(req.key, texts, reply)
         return TurnResult(session_id, reply, used_memory=mem.used_ids, turn_record_id=record_id, model_calls=loop.steps)
+
+    def _early_memory(self, req: TurnRequest) -> _Early | None:
+        """On PostgreSQL, the turn's memory read, started beside ``begin_turn`` from the texts this process last saw.
+
+        Memory is chosen by the last six messages' texts (the new one included), which
+        this process knows when it answered the session's previous message: its last five
+        texts and the reply (``_remember_tail``). The read then runs on a second connection
+        while the message is stored, and the turn waits for one round trip, not two. It is
+        used only if the history ``begin_turn`` reads ends in exactly those texts and the
+        speaker is the same principal (``_memory_context``); otherwise (another process
+        answered meanwhile, a trim, a role changed) memory is read again as always, and
+        the early read's result is dropped. It writes nothing.
+        """
+        if self._tails is None or not req.reply or len(self._locks) > 1:
+            return None
+        tail = self._tails.get(req.key)
+        if tail is None:
+            return None
+        texts = [*tail, req.text]
+        task = asyncio.create_task(self.memory.context(req.principal, texts, run=req.run))
+        self._early.add(task)
+        task.add_done_callback(_early_done(self._early))
+        return task, req.principal, texts
+
+    async def _memory_context(self, req: TurnRequest, texts: list[str], early: _Early | None) -> MemoryContext:
+        """The turn's memory: the early read's (``_early_memory``) when it read for these texts and speaker."""
+        if early is not None:
+            task, principal, assumed = early
+            if principal is req.principal and assumed == texts:
+                try:
+                    return await task
+                except Exception:  # read again below, where a fault is the turn's as always
+                    log.debug("early memory read failed; reading again", exc_info=True)
+        return await self.memory.context(req.principal, texts, run=req.run)
+
+    def _remember_tail(self, key: SessionKey, texts: list[str], reply: str) -> None:
+        """The session's last five texts after this reply: what its next turn's memory read starts from."""
+        tails = self._tails
+        assert tails is not None
+        tails.pop(key, None)  # the newest last, so the oldest goes first below
+        tails[key] = (*texts[-4:], reply)
+        if len(tails) > _TAILS:
+            del tails[next(iter(tails))]
 
     async def _call_model(
         self, messages: list[ChatMessage], tools: list[Tool], principal: Principal, on_delta: DeltaSink | None

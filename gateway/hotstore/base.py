@@ -203,6 +203,9 @@ CRASH_STEPS = {"mark": "marking the slice", "archive": "writing the archive", "j
 class HotStore(abc.ABC):
     """The hot path's statements on one database; one instance per engine (see ``hot_store``)."""
 
+    remote = False
+    """Whether a statement waits on a database server (PostgreSQL), so two can be in flight at once."""
+
     @abc.abstractmethod
     async def user_role(self, user_id: str) -> tuple[str, str] | None:
         """(role, display name) of a unified user, read now (never cached), or None."""

@@ -178,6 +178,8 @@ async def _init_connection(conn: Any) -> None:
 class PostgresHotStore(HotStore):
     """The hot path on an asyncpg pool (created on first use, closed by ``close``)."""
 
+    remote = True
+
     def __init__(self, dsn: str, *, max_size: int = DEFAULT_POOL_SIZE) -> None:
         self.dsn = dsn
         self.max_size = max_size
