@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.config import Config, SessionConfig
-from gateway.db import make_engine, upgrade
 from gateway.llm.base import Tool
 from gateway.sessions import SessionKey, SessionStore
 from gateway.turn import MemoryContext, RunContext, TurnHandler, TurnRequest
@@ -31,6 +31,7 @@ from tests.gateway.scripted import ScriptedProvider
 
 KEY = SessionKey("api", "room-early")
 NOTE = "Deploys go out on Fridays."
+BOB = Principal.human("u_bob", Role.USER, "Bob")
 
 
 EVENTS: list[str] = []
@@ -78,11 +79,16 @@ class WordMemory:
         return "none"
 
 
-def handler(engine: AsyncEngine, memory: WordMemory, provider: ScriptedProvider, clock: Clock) -> TurnHandler:
+ON_POSTGRES = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)  # conftest's migrated ``engine``
+ON_SQLITE = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
+
+def gateway(engine: AsyncEngine, clock: Clock) -> tuple[WordMemory, ScriptedProvider, TurnHandler]:
+    """A turn handler on ``engine`` (one gateway process) with its memory and model, both recording."""
+    memory, provider = WordMemory(engine), ScriptedProvider()
     cfg = Config(session=SessionConfig(max_messages=40, keep_messages=10))
-    return TurnHandler(
-        config=cfg, sessions=TracedSessions(engine, clock=clock), provider=provider, memory=memory, clock=clock
-    )
+    sessions = TracedSessions(engine, clock=clock)
+    return memory, provider, TurnHandler(config=cfg, sessions=sessions, provider=provider, memory=memory, clock=clock)
 
 
 def ask(text: str, mid: str, who: Principal, clock: Clock, *, reply: bool = True) -> TurnRequest:
@@ -94,107 +100,82 @@ def system_prompt(provider: ScriptedProvider) -> str:
     return provider.calls[-1][0].content
 
 
-async def test_the_early_read_is_used_when_the_history_is_what_this_process_last_saw(pg_url: str, clock: Clock) -> None:
-    engine = make_engine(pg_url)
-    await upgrade(engine)
-    try:
-        bob = Principal.human("u_bob", Role.USER, "Bob")
-        memory, provider = WordMemory(engine), ScriptedProvider()
-        turns = handler(engine, memory, provider, clock)
-        EVENTS.clear()
-        await turns.handle(ask("hello", "m1", bob, clock))
-        assert EVENTS == ["store", "stored", "read"]  # the session's first turn here: nothing to start from
-        EVENTS.clear()
-        await turns.handle(ask("when do we deploy?", "m2", bob, clock))
-        # One read for the second turn, made while its message was being stored, for exactly the history read back.
-        assert EVENTS == ["store", "read", "stored"]
-        assert len(memory.reads) == 2
-        assert memory.reads[1][1] == ["hello", "echo: [Bob · u_bob] hello", "when do we deploy?"]
-        assert NOTE in system_prompt(provider)
-    finally:
-        await engine.dispose()
+@ON_POSTGRES
+async def test_the_early_read_is_used_when_the_history_is_what_this_process_last_saw(
+    engine: AsyncEngine, clock: Clock
+) -> None:
+    memory, provider, turns = gateway(engine, clock)
+    EVENTS.clear()
+    await turns.handle(ask("hello", "m1", BOB, clock))
+    assert EVENTS == ["store", "stored", "read"]  # the session's first turn here: nothing to start from
+    EVENTS.clear()
+    await turns.handle(ask("when do we deploy?", "m2", BOB, clock))
+    # One read for the second turn, made while its message was being stored, for exactly the history read back.
+    assert EVENTS == ["store", "read", "stored"]
+    assert len(memory.reads) == 2
+    assert memory.reads[1][1] == ["hello", "echo: [Bob · u_bob] hello", "when do we deploy?"]
+    assert NOTE in system_prompt(provider)
 
 
-async def test_a_message_another_process_stored_meanwhile_is_read_for(pg_url: str, clock: Clock) -> None:
+@ON_POSTGRES
+async def test_a_message_another_process_stored_meanwhile_is_read_for(engine: AsyncEngine, clock: Clock) -> None:
     # Another gateway process (its own SessionStore and handler on the same database) stores
     # a message in the session between two turns of this one: the early read, made from the
     # texts this process last saw, lacks it and must not be used.
-    engine = make_engine(pg_url)
-    await upgrade(engine)
-    try:
-        bob = Principal.human("u_bob", Role.USER, "Bob")
-        memory, provider = WordMemory(engine), ScriptedProvider()
-        turns = handler(engine, memory, provider, clock)
-        elsewhere = handler(engine, WordMemory(engine), ScriptedProvider(), clock)
-        await turns.handle(ask("hello", "m1", bob, clock))
-        await turns.handle(ask("what is new?", "m2", bob, clock))
-        await elsewhere.handle(ask("the deploy moved", "m3", bob, clock, reply=False))
-        before = len(memory.reads)
-        await turns.handle(ask("so when?", "m4", bob, clock))
-        assert NOTE in system_prompt(provider)  # read for what was said, the other process's message too
-        early, again = memory.reads[before:]
-        assert "the deploy moved" not in early[1] and again[1][-2:] == ["the deploy moved", "so when?"]
-        # The next turn starts from what this one saw, and its early read is used.
-        await turns.handle(ask("thanks", "m5", bob, clock))
-        assert len(memory.reads) == before + 3
-        assert NOTE in system_prompt(provider)
-    finally:
-        await engine.dispose()
+    memory, provider, turns = gateway(engine, clock)
+    _memory, _provider, elsewhere = gateway(engine, clock)
+    await turns.handle(ask("hello", "m1", BOB, clock))
+    await turns.handle(ask("what is new?", "m2", BOB, clock))
+    await elsewhere.handle(ask("the deploy moved", "m3", BOB, clock, reply=False))
+    before = len(memory.reads)
+    await turns.handle(ask("so when?", "m4", BOB, clock))
+    assert NOTE in system_prompt(provider)  # read for what was said, the other process's message too
+    early, again = memory.reads[before:]
+    assert "the deploy moved" not in early[1] and again[1][-2:] == ["the deploy moved", "so when?"]
+    # The next turn starts from what this one saw, and its early read is used.
+    await turns.handle(ask("thanks", "m5", BOB, clock))
+    assert len(memory.reads) == before + 3
+    assert NOTE in system_prompt(provider)
 
 
-async def test_a_role_changed_since_the_request_was_read_is_read_for_as_it_is_now(pg_url: str, clock: Clock) -> None:
+@ON_POSTGRES
+async def test_a_role_changed_since_the_request_was_read_is_read_for_as_it_is_now(
+    engine: AsyncEngine, clock: Clock
+) -> None:
     # The early read runs as the caller read the speaker; begin_turn reads the role again. An
     # admin demoted meanwhile gets memory read for a user, never what the admin read found.
-    engine = make_engine(pg_url)
-    await upgrade(engine)
-    try:
-        pairing = PairingStore(engine)
-        bob = await pairing.principal_for_user((await pairing.add_user("Bob", "admin")).id)
-        memory, provider = WordMemory(engine), ScriptedProvider()
-        turns = handler(engine, memory, provider, clock)
-        await turns.handle(ask("hello", "m1", bob, clock))
-        assert bob.user_id is not None
-        await pairing.set_role(bob.user_id, "user", by="test")
-        before = len(memory.reads)
-        await turns.handle(ask("hello again", "m2", bob, clock))  # bob as read before the change
-        assert [role for role, _texts in memory.reads[before:]] == ["admin", "user"]
-        system = system_prompt(provider)
-        assert "(read for user)" in system and "(read for admin)" not in system
-        assert "Paired role: regular user" in system
-    finally:
-        await engine.dispose()
+    pairing = PairingStore(engine)
+    bob = await pairing.principal_for_user((await pairing.add_user("Bob", "admin")).id)
+    memory, provider, turns = gateway(engine, clock)
+    await turns.handle(ask("hello", "m1", bob, clock))
+    assert bob.user_id is not None
+    await pairing.set_role(bob.user_id, "user", by="test")
+    before = len(memory.reads)
+    await turns.handle(ask("hello again", "m2", bob, clock))  # bob as read before the change
+    assert [role for role, _texts in memory.reads[before:]] == ["admin", "user"]
+    system = system_prompt(provider)
+    assert "(read for user)" in system and "(read for admin)" not in system
+    assert "Paired role: regular user" in system
 
 
-async def test_an_early_read_that_fails_is_made_again_and_the_turn_answers(pg_url: str, clock: Clock) -> None:
-    engine = make_engine(pg_url)
-    await upgrade(engine)
-    try:
-        bob = Principal.human("u_bob", Role.USER, "Bob")
-        memory, provider = WordMemory(engine), ScriptedProvider()
-        turns = handler(engine, memory, provider, clock)
-        await turns.handle(ask("hello", "m1", bob, clock))
-        memory.fail_next = True
-        result = await turns.handle(ask("when do we deploy?", "m2", bob, clock))
-        assert result.reply and not result.failed
-        assert len(memory.reads) == 3 and memory.reads[1][1] == memory.reads[2][1]
-        assert NOTE in system_prompt(provider)
-    finally:
-        await engine.dispose()
+@ON_POSTGRES
+async def test_an_early_read_that_fails_is_made_again_and_the_turn_answers(engine: AsyncEngine, clock: Clock) -> None:
+    memory, provider, turns = gateway(engine, clock)
+    await turns.handle(ask("hello", "m1", BOB, clock))
+    memory.fail_next = True
+    result = await turns.handle(ask("when do we deploy?", "m2", BOB, clock))
+    assert result.reply and not result.failed
+    assert len(memory.reads) == 3 and memory.reads[1][1] == memory.reads[2][1]
+    assert NOTE in system_prompt(provider)
 
 
-async def test_on_sqlite_memory_is_read_once_after_the_message_is_stored(sqlite_url: str, clock: Clock) -> None:
+@ON_SQLITE
+async def test_on_sqlite_memory_is_read_once_after_the_message_is_stored(engine: AsyncEngine, clock: Clock) -> None:
     # SQLite's statements run inline on the loop: nothing could overlap, so no early read is made.
-    engine = make_engine(sqlite_url)
-    await upgrade(engine)
-    try:
-        bob = Principal.human("u_bob", Role.USER, "Bob")
-        memory, provider = WordMemory(engine), ScriptedProvider()
-        turns = handler(engine, memory, provider, clock)
-        EVENTS.clear()
-        for i, text in enumerate(["hello", "when do we deploy?", "thanks"]):
-            await turns.handle(ask(text, f"m{i}", bob, clock))
-        assert EVENTS == ["store", "stored", "read"] * 3
-        assert [texts[-1] for _role, texts in memory.reads] == ["hello", "when do we deploy?", "thanks"]
-        assert NOTE in system_prompt(provider)
-    finally:
-        await engine.dispose()
+    memory, provider, turns = gateway(engine, clock)
+    EVENTS.clear()
+    for i, text in enumerate(["hello", "when do we deploy?", "thanks"]):
+        await turns.handle(ask(text, f"m{i}", BOB, clock))
+    assert EVENTS == ["store", "stored", "read"] * 3
+    assert [texts[-1] for _role, texts in memory.reads] == ["hello", "when do we deploy?", "thanks"]
+    assert NOTE in system_prompt(provider)
