@@ -184,15 +184,6 @@ _TAILS = 16_384
 """Sessions whose last texts a turn handler keeps (``_remember_tail``); the least recently answered goes first."""
 
 
-def _early_done(running: set[asyncio.Task[MemoryContext]]) -> Callable[[asyncio.Task[MemoryContext]], None]:
-    def done(task: asyncio.Task[MemoryContext]) -> None:
-        running.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved: a read that failed or was not used is not an unhandled error
-
-    return done
-
-
 class TurnHandler:
     """Handles messages of one session in order, different sessions concurrently."""
 
@@ -227,7 +218,7 @@ class TurnHandler:
         self.model_calls = ModelCallLimit(config.llm.max_concurrent_calls)
         self._trims: set[asyncio.Task[None]] = set()
         # PostgreSQL: each session's last texts, so its next turn reads memory beside its history (_early_memory).
-        self._tails: dict[SessionKey, tuple[str, ...]] | None = {} if getattr(sessions, "remote", False) else None
+        self._tails: dict[SessionKey, tuple[str, ...]] | None = {} if sessions.remote else None
         self._early: set[asyncio.Task[MemoryContext]] = set()
         # Each history line the model is shown, with its tokens, made once per stored message (gateway/kept.py).
         self._lines: Kept[StoredMessage, tuple[ChatMessage, int]] = Kept()
@@ -475,8 +466,13 @@ class TurnHandler:
         texts = [*tail, req.text]
         task = asyncio.create_task(self.memory.context(req.principal, texts, run=req.run))
         self._early.add(task)
-        task.add_done_callback(_early_done(self._early))
+        task.add_done_callback(self._early_finished)
         return task, req.principal, texts
+
+    def _early_finished(self, task: asyncio.Task[MemoryContext]) -> None:
+        self._early.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a read that failed or was not used is not an unhandled error
 
     async def _memory_context(self, req: TurnRequest, texts: list[str], early: _Early | None) -> MemoryContext:
         """The turn's memory: the early read's (``_early_memory``) when it read for these texts and speaker."""
