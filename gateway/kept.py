@@ -2,12 +2,11 @@
 
 Every turn reads its session's history again (up to ``session.max_messages``
 rows) and makes the same objects from it: the decoded row, the
-``StoredMessage``, the history line the model is shown and its token
-estimate. A stored message never changes after its insert except for what the
-ordering lease and a trim write (the database refuses any other change: migration
-0015), so most of that work repeats the previous turn's. ``Kept`` holds the
-result by row id **with the source it was made
-from**; a caller takes it only when the source it has now is that same source
+``StoredMessage``, the history line the model is shown. A stored message never
+changes after its insert except for what the ordering lease and a trim write (the
+database refuses any other change: migration 0015), so most of that work repeats
+the previous turn's. ``Kept`` holds the result by row id **with the source it was
+made from**; a caller takes it only when the source it has now is that same source
 (the same object, or equal values), so a changed row, another database's row
 with the same id, or a row written by another process is made afresh and never
 mistaken for an old one. Correct without invalidation, across processes. The
@@ -18,6 +17,7 @@ rows it keeps are not read again (``gateway/hotstore/sqlite.py``, ``_kept_rows``
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Generic, TypeVar
 
@@ -39,45 +39,71 @@ within 2 MB at either size.
 class Kept(Generic[S, V]):
     """A bounded map of row id -> (source, value made from it); the least recently used goes first.
 
-    Meant for one thread (the loop that owns the store); another thread's use at the same time
-    can only cost a value made again, never return a wrong one.
+    **No object of its own per entry.** The cyclic collector walks every container
+    object made since its last young collection, and one runs once 100,000 more are
+    alive (``gateway/heap.py``). A turn's history passes through three of these maps
+    (the decoded row, the ``StoredMessage``, the history line); with a (source, value)
+    pair per entry they held about nine such objects per message, so filling them
+    after a start (16,384 messages) ran a young collection over ~100,000 objects,
+    45-55 ms of a stopped loop (``bench/README.md``, forty-first session). The source
+    and the value are kept in two maps instead, no pair made.
+
+    Meant for one thread (the loop that owns the store), and safe for another's use at
+    the same time, which can only cost a value made again, never return a wrong one:
+    ``put`` and ``drop`` (under a lock) count themselves before and after they change the
+    two maps, and ``get`` returns a value only if none was under way or counted while it
+    read the source and the value.
     """
 
-    __slots__ = ("_items", "_size")
+    __slots__ = ("_lock", "_size", "_sources", "_values", "_version")
 
     def __init__(self, size: int = KEPT_ROWS) -> None:
-        self._items: OrderedDict[int, tuple[S, V]] = OrderedDict()
+        self._values: OrderedDict[int, V] = OrderedDict()
+        self._sources: dict[int, S] = {}
         self._size = size
+        self._lock = threading.Lock()
+        self._version = 0  # twice the puts and drops so far, odd during one (``get`` tells one that overlapped it)
 
     def get(self, key: int, source: S) -> V | None:
         """The value made from ``source`` under ``key``, or None if it was made from anything else."""
-        hit = self._items.get(key)
-        if hit is None:
+        version = self._version
+        kept_source = self._sources.get(key)
+        if kept_source is not source and (kept_source is None or kept_source != source):
             return None
-        kept_source, value = hit
-        if kept_source is not source and kept_source != source:
+        value = self._values.get(key)
+        if value is None or version & 1 or self._version != version:  # a put or drop during the reads (a thread)
             return None
         try:  # noqa: SIM105 (runs ~100 times a turn: a with-block of contextlib.suppress costs more)
-            self._items.move_to_end(key)
+            self._values.move_to_end(key)
         except KeyError:  # another thread let it go meanwhile
             pass
         return value
 
     def put(self, key: int, source: S, value: V) -> V:
         """Keep ``value`` as made from ``source``; returns it."""
-        items = self._items
-        items[key] = (source, value)
-        try:
-            items.move_to_end(key)
-            if len(items) > self._size:
-                items.popitem(last=False)
-        except KeyError:
-            pass
+        values, sources = self._values, self._sources
+        with self._lock:
+            self._version += 1  # odd while it changes the maps: a get that overlaps it gives nothing
+            try:
+                values[key] = value
+                sources[key] = source
+                values.move_to_end(key)
+                if len(values) > self._size:
+                    gone, _ = values.popitem(last=False)
+                    sources.pop(gone, None)
+            finally:
+                self._version += 1
         return value
 
     def drop(self, key: int) -> None:
         """Forget what is kept under ``key`` (nothing if nothing is)."""
-        self._items.pop(key, None)
+        with self._lock:
+            self._version += 1
+            try:
+                self._sources.pop(key, None)
+                self._values.pop(key, None)
+            finally:
+                self._version += 1
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._values)

@@ -166,15 +166,13 @@ class GatewayNotice(str):
     __slots__ = ()
 
 
-def _history_line(m: StoredMessage) -> tuple[ChatMessage, int]:
-    """A stored message as the model is shown it, and its tokens."""
+def _history_line(m: StoredMessage) -> ChatMessage:
+    """A stored message as the model is shown it."""
     if m.is_agent:
-        msg = ChatMessage("assistant", m.text)
-    else:
-        # A run's own lines are stored with its system name as the role and no user id.
-        who = m.speaker_user_id or (m.stored_role if m.stored_role in SYSTEM_NAMES else None) or "unpaired"
-        msg = ChatMessage("user", f"[{safe_name(m.display_name or who)} · {who}] {m.text}")
-    return msg, estimate_tokens(msg.content)
+        return ChatMessage("assistant", m.text)
+    # A run's own lines are stored with its system name as the role and no user id.
+    who = m.speaker_user_id or (m.stored_role if m.stored_role in SYSTEM_NAMES else None) or "unpaired"
+    return ChatMessage("user", f"[{safe_name(m.display_name or who)} · {who}] {m.text}")
 
 
 _Early = tuple["asyncio.Task[MemoryContext]", Principal, list[str]]
@@ -220,8 +218,9 @@ class TurnHandler:
         # PostgreSQL: each session's last texts, so its next turn reads memory beside its history (_early_memory).
         self._tails: dict[SessionKey, tuple[str, ...]] | None = {} if sessions.remote else None
         self._early: set[asyncio.Task[MemoryContext]] = set()
-        # Each history line the model is shown, with its tokens, made once per stored message (gateway/kept.py).
-        self._lines: Kept[StoredMessage, tuple[ChatMessage, int]] = Kept()
+        # Each history line the model is shown, made once per stored message (gateway/kept.py); its tokens are
+        # counted again each turn (a length), so what is kept is the line alone, no (line, tokens) pair.
+        self._lines: Kept[StoredMessage, ChatMessage] = Kept()
         self.budgets = PromptBudgets(memory=config.memory.prompt_token_budget)
         # Across processes, a session's earlier message still being answered elsewhere goes first.
         sessions.answer_lease_s = config.session.answer_lease_seconds  # begin_turn's insert takes the lease
@@ -516,7 +515,8 @@ class TurnHandler:
         out: list[ChatMessage] = []
         used = 0
         for m in reversed(history):
-            msg, cost = lines.get(m.id, m) or lines.put(m.id, m, _history_line(m))
+            msg = lines.get(m.id, m) or lines.put(m.id, m, _history_line(m))
+            cost = estimate_tokens(msg.content)
             if used + cost > budget and out:
                 break
             used += cost

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Sequence
 from datetime import timedelta
@@ -12,6 +13,8 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.config import Config, SessionConfig
+from gateway.heap import THRESHOLDS
+from gateway.kept import KEPT_ROWS
 from gateway.llm.base import ChatMessage
 from gateway.models import Archive, Job, Message
 from gateway.sessions import SessionKey, SessionStore
@@ -246,3 +249,36 @@ async def test_a_runs_own_lines_are_shown_to_the_model_as_the_run_not_as_unpaire
     await turns.handle(req("second run", "r2", clock, who=run, key=SessionKey("sop", "export")))
     earlier = next(line for line in shown if line.endswith("first run"))
     assert "· cron-system]" in earlier and "unpaired" not in earlier
+
+
+async def test_the_history_kept_between_turns_stays_under_the_collectors_young_generation(
+    engine: AsyncEngine, clock: Clock
+) -> None:
+    # A turn's history passes through three caches (gateway/kept.py), each up to KEPT_ROWS messages. Filled after
+    # a start, what they hold must stay under the young collection's threshold (gateway/heap.py), or the loop
+    # stops for a collection that walks all of it: 45-55 ms when they held about nine objects a message.
+    provider = ScriptedProvider()
+    turns = make_turns(engine, provider, clock, max_messages=400, keep_messages=10)
+    rooms = [SessionKey("api", f"room-{s}") for s in range(5)]
+    for s, key in enumerate(rooms):  # each session's first turn: what is made once (statements, counters) exists
+        await turns.handle(req(f"hello {s}", f"w{s}", clock, key=key))
+    provider.calls.clear()
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        messages = 0
+        for i in range(40):
+            for s, key in enumerate(rooms):
+                clock.advance(seconds=1)
+                await turns.handle(req(f"line {i} of room {s}", f"m{s}-{i}", clock, key=key))
+                provider.calls.clear()  # the scripted model's record of its calls is the test's, not the gateway's
+                messages += 2
+        for _ in range(3):
+            await asyncio.sleep(0)  # the loop lets go of the turns' cancelled timers (asyncio does, past 100 of them)
+        per_message = (gc.get_count()[0] - before) / messages
+    finally:
+        gc.enable()
+    # At their fullest (KEPT_ROWS messages) the caches hold less than a young collection waits for (about 4
+    # objects a message: the decoded row and its key, the StoredMessage, the history line; 9 with pairs).
+    assert per_message * KEPT_ROWS < 0.95 * THRESHOLDS[0], f"{per_message:.2f} objects the collector counts a message"
