@@ -22,7 +22,9 @@ On SQLite it also prints, per turn, what the turns waited for SQLite's write loc
 (the job process's writes hold it): the writes that found it held, their busy tries
 (since the twenty-second session 2 ms of inline polls count as one; past them, one more
 for each wait for a release) and the ms
-waited, from the gateway's ``/metrics`` (trees since 2026-12-04's nineteenth session).
+waited, from the gateway's ``/metrics`` (trees since 2026-12-04's nineteenth session). At the end it
+prints, per gateway, the young cyclic collections its serving process ran during the loads and the
+longest one's pause (each stops the event loop, every turn in flight waiting; ``gateway/heap.py``).
 
     .venv/bin/python bench/turn_overhead.py [--requests 1500] [--clients 1,8] [--runs 3]
         [--postgres] [--baseline-source /work/main] [--sessions-at-random]
@@ -327,6 +329,22 @@ async def gateway_waits(port: int) -> tuple[float, float, float, float]:
     return tuple(float(values[m]) if m in values else NAN for m in _LOCK_METRICS)  # type: ignore[return-value]
 
 
+async def young_collections(port: int) -> tuple[float, float]:
+    """The serving process's young cyclic collections so far and the longest one's seconds (NaN without them).
+
+    From ``/metrics`` (``goclaw_gc_pause_*``, trees since 2026-12-02; ``gateway/heap.py``). Each stops the
+    event loop for as long as it walks the container objects made since the last one, every turn in
+    flight waiting; the longest is over the process's life, whose first collections (at start-up) are
+    short.
+    """
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
+        text = await r.text()
+    values = dict(line.split(" ", 1) for line in text.splitlines() if 'generation="0"' in line)
+    count = values.get('goclaw_gc_pause_seconds_count{generation="0"}')
+    longest = values.get('goclaw_gc_pause_longest_seconds{generation="0"}')
+    return (float(count) if count else NAN, float(longest) if longest else NAN)
+
+
 class Gateway:
     """One ``goclaw serve`` from a source tree, on its own seeded database."""
 
@@ -470,6 +488,7 @@ async def main() -> None:
             for g in gateways:
                 await load(g.url, 100, max(levels), headers)  # warm-up
             await load(echo_url, 100, max(levels), headers)
+            gc_before = {g.name: await young_collections(g.port) for g in gateways}
             for run in range(args.runs):
                 for clients in levels:
                     e_tps, e_lat = await load(echo_url, args.requests, clients, headers)
@@ -492,6 +511,7 @@ async def main() -> None:
                             + f" ratio {r[0] / e_tps:.3f}"
                         )
                     print(line, flush=True)
+            gc_after = {g.name: await young_collections(g.port) for g in gateways}
         finally:
             for g in gateways:
                 g.stop()
@@ -531,6 +551,13 @@ async def main() -> None:
         if len(gateways) == 2:
             speedup = med(("this", clients), 0) / med(("baseline", clients), 0)
             print(f"    this/baseline turns/s: {speedup:.2f}x")
+    for g in gateways:
+        (before, _), (after, longest) = gc_before[g.name], gc_after[g.name]
+        if not math.isnan(after):
+            print(
+                f"  {g.name}: {after - before:.0f} young cyclic collections in the serving process during the loads;"
+                f" the longest since it started {longest * 1000:.1f} ms"
+            )
     if args.postgres:
         commit = await durable_commit_ms(args.pg_server)
         print(
