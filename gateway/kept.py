@@ -45,7 +45,7 @@ class Kept(Generic[S, V]):
     (the decoded row, the ``StoredMessage``, the history line); with a (source, value)
     pair per entry they held about nine such objects per message, so filling them
     after a start (16,384 messages) ran a young collection over ~100,000 objects,
-    45-55 ms of a stopped loop (``bench/README.md``, forty-first session). The source
+    34-59 ms of a stopped loop (``bench/README.md``, forty-first session). The source
     and the value are kept in two maps instead, no pair made.
 
     Meant for one thread (the loop that owns the store), and safe for another's use at

@@ -256,7 +256,7 @@ async def test_the_history_kept_between_turns_stays_under_the_collectors_young_g
 ) -> None:
     # A turn's history passes through three caches (gateway/kept.py), each up to KEPT_ROWS messages. Filled after
     # a start, what they hold must stay under the young collection's threshold (gateway/heap.py), or the loop
-    # stops for a collection that walks all of it: 35-59 ms when they held about nine objects a message.
+    # stops for a collection that walks all of it: 34-59 ms when they held about nine objects a message.
     provider = ScriptedProvider()
     turns = make_turns(engine, provider, clock, max_messages=400, keep_messages=10)
     rooms = [SessionKey("api", f"room-{s}") for s in range(5)]
