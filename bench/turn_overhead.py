@@ -323,10 +323,15 @@ async def gateway_waits(port: int) -> tuple[float, float, float, float]:
     From ``/metrics`` (trees since 2026-12-04's nineteenth session; the turnstile since the
     thirty-eighth); NaN for a tree without them.
     """
+    return await metrics(port, _LOCK_METRICS)  # type: ignore[return-value]
+
+
+async def metrics(port: int, names: tuple[str, ...]) -> tuple[float, ...]:
+    """The gateway's ``/metrics`` samples named ``names`` (labels included), NaN for any it does not have."""
     async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
         text = await r.text()
-    values = dict(line.split(" ", 1) for line in text.splitlines() if line.startswith(_LOCK_METRICS))
-    return tuple(float(values[m]) if m in values else NAN for m in _LOCK_METRICS)  # type: ignore[return-value]
+    values = dict(line.split(" ", 1) for line in text.splitlines() if line.startswith(names))
+    return tuple(float(values[m]) if m in values else NAN for m in names)
 
 
 async def young_collections(port: int) -> tuple[float, float]:
@@ -337,12 +342,9 @@ async def young_collections(port: int) -> tuple[float, float]:
     flight waiting; the longest is over the process's life, whose first collections (at start-up) are
     short.
     """
-    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
-        text = await r.text()
-    values = dict(line.split(" ", 1) for line in text.splitlines() if 'generation="0"' in line)
-    count = values.get('goclaw_gc_pause_seconds_count{generation="0"}')
-    longest = values.get('goclaw_gc_pause_longest_seconds{generation="0"}')
-    return (float(count) if count else NAN, float(longest) if longest else NAN)
+    return await metrics(  # type: ignore[return-value]
+        port, ('goclaw_gc_pause_seconds_count{generation="0"}', 'goclaw_gc_pause_longest_seconds{generation="0"}')
+    )
 
 
 class Gateway:
