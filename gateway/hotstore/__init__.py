@@ -47,12 +47,17 @@ def _make(engine: AsyncEngine) -> HotStore:
 
         if not url.database or url.database == ":memory:":
             raise ValueError("the hot store needs a SQLite file (an in-memory database is private to one connection)")
-        sync = engine.sync_engine
+        # Weakly: the store is the value of a weak map keyed by this engine (``_STORES``), and a
+        # value that holds its key keeps both for the life of the process.
+        engine_ref = weakref.ref(engine.sync_engine)
 
         def on_connect(conn: Any) -> None:
             # The engine's own "connect" hooks, so this connection is set up like SQLAlchemy's
             # (gateway.db's pragmas, and whatever a test or an operator registers); not
             # SQLAlchemy's internal ones, which expect its driver's adapter.
+            sync = engine_ref()
+            if sync is None:
+                raise RuntimeError("the hot store's engine is gone; make a new engine")
             for fn in sync.pool.dispatch.connect:
                 if not getattr(fn, "__module__", "").startswith("sqlalchemy"):
                     fn(conn, None)
