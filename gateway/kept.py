@@ -1,8 +1,8 @@
 """What a turn makes again from the same stored rows, kept by row id and used only for the very same row.
 
 Every turn reads its session's history again (up to ``session.max_messages``
-rows) and makes the same objects from it: the decoded row, the
-``StoredMessage``, the history line the model is shown. A stored message never
+rows) and makes the same objects from it: the decoded row (a ``StoredMessage``)
+and the history line the model is shown. A stored message never
 changes after its insert except for what the ordering lease and a trim write (the
 database refuses any other change: migration 0015), so most of that work repeats
 the previous turn's. ``Kept`` holds the result by row id **with the source it was
@@ -10,9 +10,10 @@ made from**; a caller takes it only when the source it has now is that same sour
 (the same object, or equal values), so a changed row, another database's row
 with the same id, or a row written by another process is made afresh and never
 mistaken for an old one. Correct without invalidation, across processes. The
-SQLite hot store's source for a message row is its key, (id, created_at,
-answering_until): with the rest fixed by the database, that is the row, and the
-rows it keeps are not read again (``gateway/hotstore/sqlite.py``, ``_kept_rows``).
+SQLite hot store's source for a message row is its version, created_at and
+answering_until in one string: with the rest fixed by the database, the id and that
+are the row, and the rows it keeps are not read again (``gateway/hotstore/sqlite.py``,
+``_kept_rows``).
 """
 
 from __future__ import annotations
@@ -41,12 +42,14 @@ class Kept(Generic[S, V]):
 
     **No object of its own per entry.** The cyclic collector walks every container
     object made since its last young collection, and one runs once 100,000 more are
-    alive (``gateway/heap.py``). A turn's history passes through three of these maps
-    (the decoded row, the ``StoredMessage``, the history line); with a (source, value)
-    pair per entry they held about nine such objects per message, so filling them
-    after a start (16,384 messages) ran a young collection over ~100,000 objects,
-    34-59 ms of a stopped loop (``bench/README.md``, forty-first session). The source
-    and the value are kept in two maps instead, no pair made.
+    alive (``gateway/heap.py``). A turn's history passes through two of these maps
+    (the decoded row, the history line; three until 2026-12-07); with a (source, value)
+    pair per entry and three maps they held about nine such objects per message, so
+    filling them after a start (16,384 messages) ran a young collection over ~100,000
+    objects, 34-59 ms of a stopped loop (``bench/README.md``, forty-first session). The
+    source and the value are kept in two maps instead, no pair made, and a source
+    should be an object the collector does not track (a string, a number) or one the
+    value is made from and would be kept anyway (the decoded row for its history line).
 
     Meant for one thread (the loop that owns the store), and safe for another's use at
     the same time, which can only cost a value made again, never return a wrong one:

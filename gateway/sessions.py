@@ -15,15 +15,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from gateway.db import dialect_insert
 from gateway.hotstore import hot_store
 from gateway.hotstore.base import (
-    MessageRow,
     NewMessage,
+    StoredMessage,
     TrimSession,
     TrimWrite,
     TurnMessage,
     TurnRecordRow,
     new_session_id,
 )
-from gateway.kept import Kept
 from gateway.models import Archive, Job, Message, Session
 from gateway.ordering import ANSWER_LEASE_S, Blocker, earlier_in_answer, in_answer_order, lease_until
 from memory.archive_format import render_archive_markdown
@@ -49,45 +48,6 @@ class SessionKey:
     conversation_id: str
     thread_id: str = ""
     parent_conversation_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """A message as stored."""
-
-    id: int
-    session_id: str
-    platform_message_id: str
-    speaker_user_id: str | None
-    stored_role: str | None
-    display_name: str
-    text: str
-    said_at: datetime
-    is_agent: bool
-    turn_record_id: int | None = None  # set on a reply stored with its turn's explanation
-
-    def as_slice(self) -> SliceMessage:
-        """The view memory reads."""
-        return SliceMessage(
-            message_id=self.platform_message_id,
-            user_id=self.speaker_user_id,
-            stored_role=self.stored_role,
-            display_name=self.display_name,
-            text=self.text,
-            said_at=self.said_at,
-            is_agent=self.is_agent,
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        """The API shape."""
-        return {
-            "id": self.platform_message_id,
-            "speaker": "agent" if self.is_agent else self.speaker_user_id,
-            "role": self.stored_role,
-            "name": self.display_name,
-            "text": self.text,
-            "said_at": self.said_at.isoformat(),
-        }
 
 
 def _as_read(speaker: Principal, role: str | None) -> Principal:
@@ -145,6 +105,8 @@ def stored_message(m: Message | Any) -> StoredMessage:
         m.text,
         m.said_at,
         m.is_agent,
+        m.reply_to_id,
+        m.answering_until,
     )
 
 
@@ -227,7 +189,6 @@ class SessionStore:
         self._clock = clock or (lambda: datetime.now(UTC))
         self._dialect = engine.dialect.name
         self._hot = hot_store(engine)
-        self._stored: Kept[MessageRow, StoredMessage] = Kept()  # history rows made once (gateway/kept.py)
         self.answer_lease_s = ANSWER_LEASE_S  # session.answer_lease_seconds (gateway/ordering.py)
         # Each session's last trim job this store queued, newest last (``queue_trim``).
         self._trims_queued: OrderedDict[str, int] = OrderedDict()
@@ -330,7 +291,7 @@ class SessionStore:
         if new_id is None:
             return TurnStart(session_id, None, [], previous, reply=start.reply, speaker=speaker)
         # ordering: each reply right after its message (with several processes a reply may come after a later message).
-        history = [self._stored_message(r) for r in in_answer_order(start.rows)]
+        history = in_answer_order(start.rows)
         # ordering: earlier messages still answered elsewhere, read from the rows above (no statement).
         waiting = earlier_in_answer(start.rows, new_id, self.now())
         if start.resumed:
@@ -340,11 +301,6 @@ class SessionStore:
         return TurnStart(
             session_id, history[-1] if history else None, history, previous, waiting_on=waiting, speaker=speaker
         )
-
-    def _stored_message(self, row: MessageRow) -> StoredMessage:
-        """A history row's ``StoredMessage``, made once per row (``gateway/kept.py``): for turns and trims."""
-        kept = self._stored
-        return kept.get(row.id, row) or kept.put(row.id, row, StoredMessage(*row.stored()))
 
     async def get_session(self, session_id: str) -> Session | None:
         """A session row."""
@@ -410,8 +366,9 @@ class SessionStore:
             return None
         new_id, record_id = stored
         return StoredMessage(
-            new_id, session_id, platform_message_id, user_id, role, display_name, text, said_at, is_agent, record_id
-        )
+            new_id, session_id, platform_message_id, user_id, role, display_name, text, said_at, is_agent, reply_to,
+            turn_record_id=record_id,
+        )  # fmt: skip
 
     async def stored_reply(self, message_row_id: int) -> str | None:
         """The reply stored for a message row, if any."""
@@ -452,7 +409,11 @@ class SessionStore:
             ids = list((await conn.scalars(newest)).all())
             if not ids:
                 return [], False
-            wanted = select(*shown, m.text, m.said_at, m.is_agent).where(m.id.in_(ids[:limit])).order_by(m.id)
+            wanted = (
+                select(*shown, m.text, m.said_at, m.is_agent, m.reply_to_id, m.answering_until)
+                .where(m.id.in_(ids[:limit]))
+                .order_by(m.id)
+            )
             return [stored_message(r) for r in await conn.execute(wanted)], len(ids) > limit
 
     async def all_messages(self, session_id: str) -> list[StoredMessage]:
@@ -508,9 +469,9 @@ class SessionStore:
         slice, so a crash in between leaves the history as it was and a rerun
         makes no duplicate. ``_crash_after`` exists for the crash tests only.
         """
-        planned: list[tuple[TrimWrite, TrimSession, list[MessageRow]]] = []  # each plan, from its session and rows
+        planned: list[tuple[TrimWrite, TrimSession, list[StoredMessage]]] = []  # each plan, from its session and rows
 
-        def plan(session: TrimSession, live_rows: list[MessageRow]) -> TrimWrite | None:
+        def plan(session: TrimSession, live_rows: list[StoredMessage]) -> TrimWrite | None:
             if len(live_rows) <= max_messages:
                 return None
             live = in_answer_order(live_rows)  # ordering: a message and its reply are cut together
@@ -522,7 +483,7 @@ class SessionStore:
                     # meanwhile. The slice planned is still the oldest, none of its messages is answered by a
                     # later row, and the new rows (later ids) stay live with the kept ones: that plan holds.
                     return write_before
-            cut = [self._stored_message(r) for r in live[: len(live) - keep_messages]]
+            cut = live[: len(live) - keep_messages]
             slices = [m.as_slice() for m in cut]
             archive_id = "a_" + secrets.token_hex(8)
             summary = summarize(cut)
@@ -601,7 +562,7 @@ class SessionStore:
 
     async def archive_messages(self, archive_id: str) -> list[StoredMessage]:
         """The messages of one trimmed slice, oldest first."""
-        return [StoredMessage(*r.stored()) for r in await self._hot.archive_messages(archive_id)]
+        return await self._hot.archive_messages(archive_id)
 
     async def get_archive(self, archive_id: str) -> Archive | None:
         """One archive."""

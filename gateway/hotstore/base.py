@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 # Column kinds a raw row's values are decoded by (SQLite stores datetimes and JSON as text):
 from memory.store import DATETIME as DATETIME  # the kinds memory asks its raw reads to decode
 from memory.store import JSON_VALUE as JSON_VALUE
+from memory.types import SliceMessage
 
 BOOL = "bool"
 
@@ -70,8 +71,14 @@ class TurnMessage:
     role_from_users: bool = False
 
 
-class MessageRow(NamedTuple):
-    """One row of ``sql.MESSAGE_SELECT``: a stored message's fields, then what ordering reads."""
+class StoredMessage(NamedTuple):
+    """A message as stored: one row of ``sql.MESSAGE_SELECT``, and the history line's source.
+
+    One type from the row read to the turn's history: the SQLite store keeps each row
+    it reads (``gateway/kept.py``) and the history is those same objects. A second type
+    made from each row (a dataclass, until 2026-12-07) was one more object per message
+    kept, and the cyclic collector counts every one of them (``gateway/heap.py``).
+    """
 
     id: int
     session_id: str
@@ -82,12 +89,32 @@ class MessageRow(NamedTuple):
     text: str
     said_at: datetime
     is_agent: bool
-    reply_to_id: int | None
-    answering_until: datetime | None
+    reply_to_id: int | None = None  # a reply's message row (what ordering reads)
+    answering_until: datetime | None = None  # the answer lease (gateway/ordering.py)
+    turn_record_id: int | None = None  # set on a reply stored with its turn's explanation (not a column)
 
-    def stored(self) -> tuple[Any, ...]:
-        """The fields of a ``StoredMessage``, in its order."""
-        return self[:9]
+    def as_slice(self) -> SliceMessage:
+        """The view memory reads."""
+        return SliceMessage(
+            message_id=self.platform_message_id,
+            user_id=self.speaker_user_id,
+            stored_role=self.stored_role,
+            display_name=self.display_name,
+            text=self.text,
+            said_at=self.said_at,
+            is_agent=self.is_agent,
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """The API shape."""
+        return {
+            "id": self.platform_message_id,
+            "speaker": "agent" if self.is_agent else self.speaker_user_id,
+            "role": self.stored_role,
+            "name": self.display_name,
+            "text": self.text,
+            "said_at": self.said_at.isoformat(),
+        }
 
 
 class JobRow(NamedTuple):
@@ -121,7 +148,7 @@ class TurnRows:
     session_id: str
     previous_context: str
     message_id: int | None
-    rows: list[MessageRow]
+    rows: list[StoredMessage]
     reply: str | None = None
     resumed: bool = False
     speaker_role: str | None = None  # with ``role_from_users``: the role read in the same transaction
@@ -187,7 +214,7 @@ class TrimWrite:
     crash_after: str | None = None  # the crash tests only: "mark", "archive" or "job"
 
 
-TrimPlan = Callable[[TrimSession, list[MessageRow]], TrimWrite | None]
+TrimPlan = Callable[[TrimSession, list[StoredMessage]], TrimWrite | None]
 """Given the session and its live messages (``sql.MESSAGE_SELECT`` tuples, oldest first): the write, or None."""
 
 
@@ -279,7 +306,7 @@ class HotStore(abc.ABC):
         return await self.claim_job(worker_id, kinds, now, stale_before)
 
     @abc.abstractmethod
-    async def archive_messages(self, archive_id: str) -> list[MessageRow]:
+    async def archive_messages(self, archive_id: str) -> list[StoredMessage]:
         """The messages of one trimmed slice, oldest first."""
 
     @abc.abstractmethod

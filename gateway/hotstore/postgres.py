@@ -23,8 +23,8 @@ from gateway.hotstore import sql
 from gateway.hotstore.base import (
     HotStore,
     JobRow,
-    MessageRow,
     NewMessage,
+    StoredMessage,
     TrimPlan,
     TrimSession,
     TurnMessage,
@@ -242,7 +242,7 @@ class PostgresHotStore(HotStore):
             if found:
                 # Newest first: the new row, then the older ones (each row: previous_context, then the columns;
                 # previous_context on the new row only).
-                rows = sorted((MessageRow(*r[1:]) for r in found), key=lambda r: r.id, reverse=True)
+                rows = sorted((StoredMessage(*r[1:]) for r in found), key=lambda r: r.id, reverse=True)
                 new = rows[0]
                 previous = next(r[0] for r in found if r[1] == new.id)
                 return TurnRows(new.session_id, previous, new.id, rows[: m.history_limit], speaker_role=new.stored_role)
@@ -274,10 +274,10 @@ class PostgresHotStore(HotStore):
                 if not old[1]:
                     await conn.execute(_ASK_REPLY, old[0])
                 new_id, resumed = old[0], True
-            rows = [MessageRow(*r) for r in await conn.fetch(_HISTORY, session_id, new_id, m.history_limit)]
+            rows = [StoredMessage(*r) for r in await conn.fetch(_HISTORY, session_id, new_id, m.history_limit)]
             if resumed and (not rows or rows[0][0] != new_id):
                 # Already trimmed into an archive: answer it with what is still live.
-                rows.insert(0, MessageRow(*await conn.fetchrow(_MESSAGE_BY_ID, new_id)))
+                rows.insert(0, StoredMessage(*await conn.fetchrow(_MESSAGE_BY_ID, new_id)))
         return TurnRows(session_id, previous, new_id, rows, resumed=resumed, speaker_role=m.stored_role)
 
     async def store_message(self, m: NewMessage) -> tuple[int, int | None] | None:
@@ -323,7 +323,7 @@ class PostgresHotStore(HotStore):
             row = await conn.fetchrow(_TRIM_SESSION, session_id)
             if row is None:
                 return None
-            live = [MessageRow(*r) for r in await conn.fetch(_LIVE, session_id)]
+            live = [StoredMessage(*r) for r in await conn.fetch(_LIVE, session_id)]
             w = plan(TrimSession(*row), live)
             if w is None:
                 return None
@@ -403,10 +403,10 @@ class PostgresHotStore(HotStore):
         pool = await self._get_pool()
         await (pool.execute(_FORGET_JOB, job_id) if forget else pool.execute(_FINISH_JOB, _aware(now), job_id))
 
-    async def archive_messages(self, archive_id: str) -> list[MessageRow]:
+    async def archive_messages(self, archive_id: str) -> list[StoredMessage]:
         """The messages of one trimmed slice, oldest first."""
         pool = await self._get_pool()
-        return [MessageRow(*r) for r in await pool.fetch(_ARCHIVE_MESSAGES, archive_id, archive_id)]
+        return [StoredMessage(*r) for r in await pool.fetch(_ARCHIVE_MESSAGES, archive_id, archive_id)]
 
     async def run_on(
         self, driver: Any, sql: str, args: Sequence[Any], kinds: Sequence[str | None] | None

@@ -52,10 +52,13 @@ TRIM_SESSION = (
 _LIVE_WHERE = " WHERE session_id = ? AND archive_id IS NULL ORDER BY id"
 LIVE = MESSAGE_SELECT + _LIVE_WHERE
 
-# SQLite's kept rows (gateway/hotstore/sqlite.py, ``_kept_rows``): each row's key (id, created_at,
-# answering_until) first, then only the rows not kept, read whole with their key.
-_MESSAGE_KEY = "SELECT id, created_at, answering_until FROM messages"
-_KEYED_SELECT = MESSAGE_SELECT.replace(" FROM messages", ", created_at FROM messages")
+# SQLite's kept rows (gateway/hotstore/sqlite.py, ``_kept_rows``): each row's id and version first, then only
+# the rows not kept, read whole with their version last. The version is created_at and answering_until in one
+# string (``sqlite.row_version`` makes the same from the values bound): a string, unlike a tuple, is never
+# tracked by the cyclic collector, and the kept rows keep one each (gateway/heap.py).
+ROW_VERSION = "created_at || '/' || coalesce(answering_until, '')"
+_MESSAGE_KEY = f"SELECT id, {ROW_VERSION} FROM messages"
+_KEYED_SELECT = MESSAGE_SELECT.replace(" FROM messages", f", {ROW_VERSION} FROM messages")
 HISTORY_KEYS, KEYED_HISTORY = _MESSAGE_KEY + _HISTORY_WHERE, _KEYED_SELECT + _HISTORY_WHERE
 LIVE_KEYS, KEYED_LIVE = _MESSAGE_KEY + _LIVE_WHERE, _KEYED_SELECT + _LIVE_WHERE
 KEYED_MESSAGE_BY_ID = _KEYED_SELECT + " WHERE id = ?"

@@ -37,8 +37,8 @@ from gateway.hotstore.base import (
     JSON_VALUE,
     HotStore,
     JobRow,
-    MessageRow,
     NewMessage,
+    StoredMessage,
     TrimPlan,
     TrimSession,
     TrimWrite,
@@ -247,10 +247,10 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return (code & 0xFF) in _BUSY_CODES
 
 
-def _message_row(r: tuple[Any, ...]) -> MessageRow:
+def _message_row(r: tuple[Any, ...]) -> StoredMessage:
     # id, session_id, platform_message_id, speaker_user_id, stored_role, display_name, text, said_at, is_agent,
     # reply_to_id, answering_until
-    return MessageRow(*r[:7], decode_time(r[7]), bool(r[8]), r[9], decode_time(r[10]))  # type: ignore[call-arg]
+    return StoredMessage(*r[:7], decode_time(r[7]), bool(r[8]), r[9], decode_time(r[10]))  # type: ignore[call-arg]
 
 
 def _runnable_job(kinds: Sequence[str], at: str, stale_before: datetime) -> tuple[str, tuple[Any, ...]]:
@@ -304,7 +304,7 @@ class SQLiteHotStore(HotStore):
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
         # A session's history is read again every turn: its rows decoded once (gateway/kept.py).
-        self._decoded: Kept[tuple[Any, ...], MessageRow] = Kept()
+        self._decoded: Kept[str, StoredMessage] = Kept()
         self._waiting = 0  # writes waiting for a release of the write lock (``_run``)
 
     def _connection(self) -> sqlite3.Connection:
@@ -570,10 +570,10 @@ class SQLiteHotStore(HotStore):
 
         return await self._run(body, write=True)
 
-    async def archive_messages(self, archive_id: str) -> list[MessageRow]:
+    async def archive_messages(self, archive_id: str) -> list[StoredMessage]:
         """The messages of one trimmed slice, oldest first."""
 
-        def body(conn: sqlite3.Connection) -> list[MessageRow]:
+        def body(conn: sqlite3.Connection) -> list[StoredMessage]:
             return [_message_row(r) for r in conn.execute(sql.ARCHIVE_MESSAGES, (archive_id, archive_id)).fetchall()]
 
         return await self._run(body, write=False)
@@ -643,15 +643,15 @@ def _kept_rows(
     conn: sqlite3.Connection,
     keys: list[tuple[Any, ...]],
     whole: Callable[[], list[tuple[Any, ...]]],
-    decoded: Kept[tuple[Any, ...], MessageRow],
-) -> list[MessageRow]:
-    """The rows behind ``keys`` (id, created_at, answering_until), in their order, kept ones not read again.
+    decoded: Kept[str, StoredMessage],
+) -> list[StoredMessage]:
+    """The rows behind ``keys`` (id, version: ``row_version``), in their order, kept ones not read again.
 
     A turn's history is mostly the rows the last turn read: reading only their keys
-    (three short columns, not the text) and the few rows not kept costs about a third
+    (an id and a short string, not the text) and the few rows not kept costs about a third
     of reading every row whole. A stored message never changes after its insert but
     for its archive_id (a trim, which the keys' query leaves out), reply_requested (not
-    in a ``MessageRow``) and answering_until (in the key); created_at, its insert's
+    in a ``StoredMessage``) and answering_until (in the version); created_at, its insert's
     own time to the microsecond, tells a row inserted again under a reused id (SQLite
     gives the largest rowid again after a delete) from the one kept. ``whole`` reads
     every row with its key (``KEYED_HISTORY``, ``KEYED_LIVE``): used when more than
@@ -659,10 +659,10 @@ def _kept_rows(
 
     Called inside the transaction that read ``keys``, so the rows read are the ones keyed.
     """
-    out: list[MessageRow | None] = []
+    out: list[StoredMessage | None] = []
     missing = 0
     for key in keys:
-        row = decoded.get(key[0], key)
+        row = decoded.get(key[0], key[1])
         if row is None:
             missing += 1
             if missing > _FEW_MISSING:
@@ -675,15 +675,23 @@ def _kept_rows(
     return out  # type: ignore[return-value]  # every None was filled
 
 
-def _kept(r: tuple[Any, ...], decoded: Kept[tuple[Any, ...], MessageRow]) -> MessageRow:
-    """A keyed row (``sql.KEYED_*``: the message's columns, then created_at) as a ``MessageRow``, kept by its key."""
-    key = (r[0], r[11], r[10])
-    row = decoded.get(r[0], key)
-    return row if row is not None else decoded.put(r[0], key, _message_row(r))
+def _kept(r: tuple[Any, ...], decoded: Kept[str, StoredMessage]) -> StoredMessage:
+    """A keyed row (``sql.KEYED_*``: the message's columns, then its version) as a ``StoredMessage``, kept by its id."""
+    row = decoded.get(r[0], r[11])
+    return row if row is not None else decoded.put(r[0], r[11], _message_row(r))
+
+
+def row_version(created_at: str, answering_until: str | None) -> str:
+    """What ``sql.ROW_VERSION`` reads for a row with these stored times: what a kept row was made from.
+
+    One string, not a tuple: the kept rows hold one each, and the cyclic collector tracks
+    tuples, not strings (``gateway/heap.py``).
+    """
+    return f"{created_at}/{answering_until or ''}"
 
 
 def _keep_inserted(
-    decoded: Kept[tuple[Any, ...], MessageRow],
+    decoded: Kept[str, StoredMessage],
     inserted: list[int],
     row_id: int,
     created_at: str,
@@ -701,12 +709,12 @@ def _keep_inserted(
     not commit, the caller forgets it (the id may be given to another row).
     """
     row = _message_row((row_id, *fields, said_at, is_agent, reply_to, until))
-    decoded.put(row_id, (row_id, created_at, until), row)
+    decoded.put(row_id, row_version(created_at, until), row)
     inserted.append(row_id)
 
 
 def _begin_turn(
-    conn: sqlite3.Connection, m: TurnMessage, decoded: Kept[tuple[Any, ...], MessageRow], inserted: list[int]
+    conn: sqlite3.Connection, m: TurnMessage, decoded: Kept[str, StoredMessage], inserted: list[int]
 ) -> TurnRows:
     role = m.stored_role
     if m.role_from_users:
@@ -766,7 +774,7 @@ def _begin_turn(
 
 
 def _store_message(
-    conn: sqlite3.Connection, m: NewMessage, decoded: Kept[tuple[Any, ...], MessageRow], inserted: list[int]
+    conn: sqlite3.Connection, m: NewMessage, decoded: Kept[str, StoredMessage], inserted: list[int]
 ) -> tuple[int, int | None] | None:
     said_at, created_at = encode_time(m.said_at), encode_time(m.created_at)
     fields = (m.session_id, m.platform_message_id, m.speaker_user_id, m.stored_role, m.display_name, m.text)
@@ -799,7 +807,7 @@ def _finish_job(job_id: int, at: str, forget: bool) -> tuple[str, tuple[Any, ...
 
 
 def _trim_state(conn: sqlite3.Connection, session_id: str) -> tuple[TrimSession | None, list[tuple[Any, ...]]]:
-    """The session row a trim plans from, and its live rows' keys (id, created_at, answering_until)."""
+    """The session row a trim plans from, and its live rows' keys (id, ``row_version``)."""
     row = conn.execute(sql.TRIM_SESSION, (session_id,)).fetchone()
     if row is None:
         return None, []
@@ -807,8 +815,8 @@ def _trim_state(conn: sqlite3.Connection, session_id: str) -> tuple[TrimSession 
 
 
 def _trim_read(
-    conn: sqlite3.Connection, session_id: str, decoded: Kept[tuple[Any, ...], MessageRow]
-) -> tuple[TrimSession, list[tuple[Any, ...]], list[MessageRow]] | None:
+    conn: sqlite3.Connection, session_id: str, decoded: Kept[str, StoredMessage]
+) -> tuple[TrimSession, list[tuple[Any, ...]], list[StoredMessage]] | None:
     """The session, its live rows' keys and the rows, from one read transaction (one snapshot)."""
     conn.execute("BEGIN")
     try:
