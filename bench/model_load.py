@@ -14,7 +14,8 @@ instead, so that they stay in step: every answer arrives in one wave.
 Reported for each gateway: turns/s, p50/p99 latency above the model's time,
 errors, /healthz p50/p99, the gateway's cyclic garbage collections while counted
 (how many, their time in all, how many stopped its loop over 20 ms: from its
-``/metrics``), and on SQLite the write-ahead log file's largest size
+``/metrics``) and the largest count its young generation reached (its ``/metrics``
+read once a second: how near the next collection came), and on SQLite the write-ahead log file's largest size
 during the load and its size at the end (sampled every 100 ms). The baseline in the same run is main's ceiling: the
 same gateway with 32 model calls in flight (main held a 32-slot semaphore across
 the whole turn, ``session.max_concurrent_sessions``, which caps the same way).
@@ -160,6 +161,24 @@ async def loop_stalls(http: aiohttp.ClientSession, base: str) -> tuple[float, fl
     return ((count, total, count - within) if seen else (NAN, NAN, NAN)) + (waits,)
 
 
+async def young_count(http: aiohttp.ClientSession, base: str) -> tuple[float, float]:
+    """The gateway's young-generation count and threshold now (``goclaw_gc_pending``, ``goclaw_gc_threshold``).
+
+    The count is the objects its collector counts, made and not freed, since the last young collection; one
+    runs when it passes the threshold (``gateway/heap.py``). NaN for a tree without them (before 2026-12-07).
+    """
+    async with http.get(f"{base}/metrics") as r:
+        text = await r.text()
+    found = {"count": NAN, "threshold": NAN}
+    for metric_line in text.splitlines():
+        name, _, value = metric_line.partition(" ")
+        if name == 'goclaw_gc_pending{generation="0"}':
+            found["count"] = float(value)
+        elif name == 'goclaw_gc_threshold{generation="0"}':
+            found["threshold"] = float(value)
+    return found["count"], found["threshold"]
+
+
 async def healthz_sampler(base: str, seconds: float, every: float = 0.05) -> list[float]:
     """GET /healthz every ``every`` s for ``seconds`` from another process; latencies in ms."""
     host, port = base.removeprefix("http://").split(":")
@@ -237,10 +256,21 @@ async def drive(
                 await asyncio.sleep(0.1)
 
         wal_sampler = asyncio.create_task(sample_wal())
+        young: list[tuple[float, float]] = []
+
+        async def sample_young() -> None:  # once a second: how near the gateway's next young collection is
+            while not stop.is_set():
+                young.append(await young_count(http, base))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+
+        young_sampler = asyncio.create_task(sample_young())
         await asyncio.sleep(seconds)
         stop.set()
         stalls_after = await loop_stalls(http, base)
+        young.append(await young_count(http, base))  # the turns still waiting on the model: the count at its top
         await wal_sampler
+        await young_sampler
         elapsed = time.perf_counter() - counted
         turns = len(latencies)
         parts = share.per_turn(turns)
@@ -259,6 +289,8 @@ async def drive(
         "gc_pauses": stalls_after[0] - stalls_before[0],
         "gc_ms": (stalls_after[1] - stalls_before[1]) * 1000,
         "gc_over_20ms": stalls_after[2] - stalls_before[2],
+        "young_peak": max((c for c, _ in young), default=NAN),
+        "young_threshold": young[-1][1] if young else NAN,
         "turnstile_waits": (stalls_after[3] - stalls_before[3]) / turns if turns else NAN,
         **({"wal_peak_mb": max(wal_sizes) / 2**20, "wal_end_mb": wal_sizes[-1] / 2**20} if wal_sizes else {}),
     }
@@ -368,6 +400,12 @@ def line(name: str, r: dict[str, Any], model_ms: float) -> str:
             f"\n{'':<22} its cyclic garbage collections: {r['gc_pauses']:.0f}, {r['gc_ms']:.1f} ms in all, "
             f"{r['gc_over_20ms']:.0f} over 20 ms"
             if r.get("gc_pauses") == r.get("gc_pauses")  # NaN: a tree without goclaw_gc_pause_seconds
+            else ""
+        )
+        + (
+            f"\n{'':<22} its young generation's count at most {r['young_peak']:,.0f} of the {r['young_threshold']:,.0f}"
+            " that start a collection (sampled each second)"
+            if r.get("young_peak") == r.get("young_peak")  # NaN: a tree without goclaw_gc_pending
             else ""
         )
         + (

@@ -30,14 +30,16 @@ turns in flight survive a young collection into the older generation, whose
 collections then walk them all.
 
 The threshold counts what stays, too: a young collection runs once 100,000 more
-tracked objects are alive than at the last one. The caches a turn's history goes
-through (``gateway/kept.py``) keep about four such objects per message, at most
-65,536 when full; at about nine a message (a pair per entry) filling them after a
-start reached the threshold some 5,600 turns in, and that one collection walked
-about 97,000 objects, 34-59 ms each time. ``tests/gateway/test_turn.py`` holds the two
-together. That holds for the caches alone: with 200 turns waiting on a model
-(``bench/model_load.py``) the turns' own objects, about 52,000, still take the total over
-the threshold once while the caches fill (89-99 ms measured on 2026-12-07's slower machine).
+objects the collector counts are alive than at the last one. The caches a turn's
+history goes through (``gateway/kept.py``) keep two such objects per message (the
+decoded row, the history line), at most 32,768 when full. At about nine a message (a
+pair per entry) filling them after a start reached the threshold some 5,600 turns in,
+and that one collection walked about 97,000 objects, 34-59 ms each time. At four (the
+row's key a tuple, a second record type made from each row) the caches alone stayed
+under it, but not beside 200 turns waiting on a model (``bench/model_load.py``), whose
+own objects are about 52,000: one collection per start, 26-99 ms. Now the full caches
+and those turns come to about 92,000 (``tests/gateway/test_turn.py`` holds them under
+95,000, as the collector counts them).
 """
 
 from __future__ import annotations

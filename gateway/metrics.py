@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -110,3 +111,19 @@ class _GcPauses(Collector):
             longest.add_metric([str(generation)], pauses.longest[generation])
         yield histogram
         yield longest
+        # How near the next collection is: the young generation's count is the objects the collector
+        # counts (allocated less freed) since the last young collection, which runs when it passes the
+        # threshold (gateway/heap.py); each older count is the collections of the one below since.
+        pending = GaugeMetricFamily(
+            "goclaw_gc_pending",
+            "Per generation, what this process's next cyclic collection of it counts toward its threshold",
+            labels=["generation"],
+        )
+        threshold = GaugeMetricFamily(
+            "goclaw_gc_threshold", "Per generation, the count at which a collection of it runs", labels=["generation"]
+        )
+        for generation, (count, limit) in enumerate(zip(gc.get_count(), gc.get_threshold(), strict=True)):
+            pending.add_metric([str(generation)], count)
+            threshold.add_metric([str(generation)], limit)
+        yield pending
+        yield threshold

@@ -79,3 +79,24 @@ def test_collections_are_timed_once_however_many_registries_are_made() -> None:
     Metrics(), Metrics()
     settle_heap_callbacks = [cb for cb in gc.callbacks if getattr(cb, "__self__", None) is PAUSES]
     assert len(settle_heap_callbacks) == 1
+
+
+def test_metrics_show_how_near_the_next_young_collection_is(restored_collector: None) -> None:
+    """``/metrics`` shows the young generation's count beside its threshold: what is left before the loop stops."""
+    from gateway.metrics import Metrics
+
+    metrics = Metrics()
+    settle_heap()
+    gc.disable()  # nothing collected between the two reads
+    try:
+        before = metrics.render().decode()
+        kept = [[i] for i in range(20_000)]  # 20,001 objects the collector counts, alive
+        after = metrics.render().decode()
+    finally:
+        gc.enable()
+    pending = 'goclaw_gc_pending{generation="0"}'
+    # Rendering makes and frees a few objects of its own; the 20,000 kept are what stays.
+    assert 20_000 <= _metric(after, pending) - _metric(before, pending) < 20_500
+    assert _metric(after, 'goclaw_gc_threshold{generation="0"}') == THRESHOLDS[0]
+    assert _metric(after, 'goclaw_gc_threshold{generation="2"}') == THRESHOLDS[2]
+    del kept
