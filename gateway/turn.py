@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Protocol
 
 from gateway.config import Config
@@ -15,7 +16,7 @@ from gateway.explain import TurnExplanation, directive_explanation, explain_turn
 from gateway.kept import Kept
 from gateway.llm.base import ChatMessage, DeltaSink, LLMProvider, LLMUnavailable, Tool
 from gateway.llm.limit import ModelCallLimit
-from gateway.llm.loop import ToolLoopResult, run_tool_loop
+from gateway.llm.loop import ToolLoopResult, ToolSource, run_tool_loop
 from gateway.metrics import Metrics
 from gateway.ordering import AnswerOrder
 from gateway.prompt import PromptBudgets, build_system_prompt, estimate_tokens, learning_line, safe_name
@@ -398,7 +399,9 @@ class TurnHandler:
         )
         lines, history_tokens = self._history_messages(history, stored)
         messages = [ChatMessage("system", system), *lines]
-        tools = self.memory.tools(
+        # The turn's tools, made by the loop when it needs them (gateway/llm/loop.py): not held while the model answers.
+        tools = partial(
+            self.memory.tools,
             req.principal,
             session_id=session_id,
             message_id=req.message_id,
@@ -494,7 +497,7 @@ class TurnHandler:
             del tails[next(iter(tails))]
 
     async def _call_model(
-        self, messages: list[ChatMessage], tools: list[Tool], principal: Principal, on_delta: DeltaSink | None
+        self, messages: list[ChatMessage], tools: ToolSource, principal: Principal, on_delta: DeltaSink | None
     ) -> tuple[str, ToolLoopResult]:
         self._counter(self.metrics.llm_calls, self.provider.name).inc()
         result = await run_tool_loop(

@@ -13,12 +13,20 @@ a later round's text follows after a blank line (``ROUND_BREAK``). The loop's
 is the reply the turn stores; so the pieces sent can differ from ``text``, and a
 surface that streams must let its client reconcile (the WebSocket's final
 ``reply`` frame carries the stored reply).
+
+Tools made per turn: a turn's tools close over its message and run (the handlers
+and some checks need them), about 55 objects the cyclic collector counts. Given
+as a ``ToolSource`` (a callable that makes them), the loop makes them to choose
+what it offers and again for each round of calls, and offers the model one kept
+copy of each tool's name, description and parameters (``offered_spec``): a turn
+waiting on its model holds none of them. With 200 turns waiting that was about
+11,000 objects toward the next young collection (``gateway/heap.py``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +83,32 @@ def offered_tools(tools: Sequence[Tool], principal: Principal) -> list[Tool]:
     return [t for t in tools if _refusal(t, principal) is None]
 
 
+ToolSource = Callable[[], Sequence[Tool]]
+"""Makes a turn's tools afresh each time it is called (the same tools, made from the same turn)."""
+
+_SPECS: dict[tuple[str, str, int], Tool] = {}
+_SPECS_KEPT = 1024
+
+
+async def _never_run(_principal: Principal, _args: Mapping[str, Any]) -> str:
+    raise RuntimeError("a tool as offered to the model is never run: the loop runs the turn's own tool")
+
+
+def offered_spec(tool: Tool) -> Tool:
+    """``tool`` as the model is offered it (name, description, parameters), one kept object per such tool.
+
+    Keyed by the parameters' identity, which the kept copy holds, so the key cannot come
+    to name another object. Runs nothing: a call is run by the turn's own tool, made again.
+    """
+    key = (tool.name, tool.description, id(tool.parameters))
+    spec = _SPECS.get(key)
+    if spec is None:
+        if len(_SPECS) >= _SPECS_KEPT:  # tools made with new parameters each time (tests): start over
+            _SPECS.clear()
+        spec = _SPECS[key] = Tool(tool.name, tool.description, tool.parameters, _never_run)
+    return spec
+
+
 async def run_tool(tool: Tool | None, call: ToolCall, principal: Principal) -> str:
     """Run one tool call and return the text the model gets back; never raises."""
     if tool is None:
@@ -95,7 +129,7 @@ async def run_tool(tool: Tool | None, call: ToolCall, principal: Principal) -> s
 async def run_tool_loop(
     provider: LLMProvider,
     messages: Sequence[ChatMessage],
-    tools: Sequence[Tool],
+    tools: Sequence[Tool] | ToolSource,
     principal: Principal,
     *,
     max_steps: int,
@@ -107,6 +141,8 @@ async def run_tool_loop(
         provider: The model.
         messages: The conversation so far (system prompt first).
         tools: Every tool the gateway has; only those the principal may use are offered.
+            A ``ToolSource`` is called for them whenever they are needed, and none of
+            them is kept while the model answers (the module doc).
         principal: Who the turn runs as; each tool call is authorised for them.
         max_steps: Model calls that may use tools; then one last call without tools.
         on_delta: Receives the text of every round as it streams (see the module doc);
@@ -118,10 +154,14 @@ async def run_tool_loop(
     Raises:
         LLMUnavailable: when the model cannot be reached (after the provider's retries).
     """
-    offered = offered_tools(tools, principal)
-    # Every known tool by name, offered or not: a call to one not offered gets its
-    # refusal ("admins only"), which tells the model more than "unknown tool".
-    by_name = {t.name: t for t in tools}
+    if callable(tools):
+        offered = [offered_spec(t) for t in offered_tools(tools(), principal)]
+        kept: dict[str, Tool] | None = None
+    else:
+        offered = offered_tools(tools, principal)
+        # Every known tool by name, offered or not: a call to one not offered gets its
+        # refusal ("admins only"), which tells the model more than "unknown tool".
+        kept = {t.name: t for t in tools}
     conversation = list(messages)
     made: list[tuple[str, Mapping[str, Any], str]] = []
     steps = input_tokens = output_tokens = 0
@@ -164,10 +204,13 @@ async def run_tool_loop(
         if not completion.tool_calls:
             return result(completion.text)
         conversation.append(ChatMessage(role="assistant", content=completion.text, tool_calls=completion.tool_calls))
+        # Made afresh from the source for this round's calls, and let go before the next model call.
+        by_name = kept if kept is not None else {t.name: t for t in tools()}  # type: ignore[operator]
         for call in completion.tool_calls:
             output = await run_tool(by_name.get(call.name), call, principal)
             made.append((call.name, call.arguments, output))
             conversation.append(ChatMessage(role="tool", content=output, tool_call_id=call.id, name=call.name))
+        del by_name
 
     log.info("tool loop reached max_steps=%d; asking for a text answer", max_steps)
     conversation.append(ChatMessage(role="system", content=FINAL_STEP_INSTRUCTION))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.llm.base import ChatMessage, Completion, JsonSchema, LLMUnavailable, Tool, ToolCall
-from gateway.llm.loop import FALLBACK_TEXT, offered_tools, run_tool_loop
+from gateway.llm.loop import FALLBACK_TEXT, ToolSource, offered_spec, offered_tools, run_tool_loop
 from pairing.principal import Principal, Role
 
 ADMIN = Principal.human("u_admin", Role.ADMIN, "Ada")
@@ -86,13 +86,23 @@ async def test_only_authorized_tools_are_offered() -> None:
     assert [t.name for t in offered_tools(tools, CRON)] == ["memory_search"]
 
 
+def given(tools: list[Tool], form: str) -> list[Tool] | ToolSource:
+    """The tools as a list, or (as a turn gives them) a source that makes them again each time it is called."""
+    if form == "list":
+        return tools
+    return lambda: [Tool(t.name, t.description, t.parameters, t.handler, t.authorize) for t in tools]
+
+
+@pytest.mark.parametrize("form", ["list", "source"])
 @pytest.mark.parametrize("principal", [USER, CRON, Principal.unpaired("stranger")])
-async def test_non_admin_calling_an_admin_tool_gets_the_refusal_and_nothing_runs(principal: Principal) -> None:
+async def test_non_admin_calling_an_admin_tool_gets_the_refusal_and_nothing_runs(
+    principal: Principal, form: str
+) -> None:
     ran: list[tuple[Principal, Mapping[str, Any]]] = []
     tools = [make_tool("memory_search", ran), make_tool("review_learned", ran, admin_only=True)]
     model = ScriptedModel(calls(("review_learned", {"confirm": "all"})), text("ok"))
 
-    result = await run_tool_loop(model, PROMPT, tools, principal, max_steps=3)
+    result = await run_tool_loop(model, PROMPT, given(tools, form), principal, max_steps=3)
 
     assert ran == []
     assert result.tool_calls_made == [("review_learned", {"confirm": "all"}, "review_learned is for admins only")]
@@ -100,23 +110,60 @@ async def test_non_admin_calling_an_admin_tool_gets_the_refusal_and_nothing_runs
     assert model.calls[0][1] == ["memory_search"]
 
 
-async def test_admin_may_call_an_admin_tool() -> None:
+@pytest.mark.parametrize("form", ["list", "source"])
+async def test_admin_may_call_an_admin_tool(form: str) -> None:
     ran: list[tuple[Principal, Mapping[str, Any]]] = []
     model = ScriptedModel(calls(("review_learned", {})), text("done"))
+    tools = given([make_tool("review_learned", ran, admin_only=True)], form)
 
-    result = await run_tool_loop(model, PROMPT, [make_tool("review_learned", ran, admin_only=True)], ADMIN, max_steps=3)
+    result = await run_tool_loop(model, PROMPT, tools, ADMIN, max_steps=3)
 
     assert ran == [(ADMIN, {})]
     assert result.tool_calls_made == [("review_learned", {}, "review_learned ok")]
 
 
-async def test_unknown_tool_gets_an_error_result() -> None:
+@pytest.mark.parametrize("form", ["list", "source"])
+async def test_unknown_tool_gets_an_error_result(form: str) -> None:
     model = ScriptedModel(calls(("rm_rf", {})), text("sorry"))
 
-    result = await run_tool_loop(model, PROMPT, [], USER, max_steps=3)
+    result = await run_tool_loop(model, PROMPT, given([], form), USER, max_steps=3)
 
     assert result.tool_calls_made == [("rm_rf", {}, "error: unknown tool rm_rf")]
     assert result.text == "sorry"
+
+
+async def test_a_tool_source_is_made_to_offer_and_again_for_each_round_of_calls_the_offer_a_kept_copy() -> None:
+    # A turn's tools hold its message and run; given as a source, none is held while the model answers: the
+    # model is offered one kept copy of each (name, description, parameters), and each round's calls are run
+    # by the tools made again for it, each call's principal checked again.
+    ran: list[tuple[Principal, Mapping[str, Any]]] = []
+    made: list[int] = []
+
+    def source() -> list[Tool]:
+        made.append(1)
+        return [make_tool("memory_search", ran), make_tool("review_learned", ran, admin_only=True)]
+
+    model = ScriptedModel(
+        calls(("memory_search", {"q": "report"})), calls(("memory_search", {"q": "again"})), text("done")
+    )
+    offers: list[Sequence[Tool]] = []
+    real = model.complete
+
+    async def complete(messages: Sequence[ChatMessage], *, tools: Sequence[Tool] = (), **kw: Any) -> Completion:
+        offers.append(tools)
+        return await real(messages, tools=tools, **kw)
+
+    model.complete = complete  # type: ignore[method-assign]
+    result = await run_tool_loop(model, PROMPT, source, USER, max_steps=3)
+
+    assert result.text == "done" and ran == [(USER, {"q": "report"}), (USER, {"q": "again"})]
+    assert len(made) == 3  # to choose the offer, then once for each of the two rounds of calls
+    assert [[t.name for t in offer] for offer in offers] == [["memory_search"]] * 3
+    (spec,) = offers[0]
+    assert all(offer[0] is spec for offer in offers)  # the same kept copy each round (and each turn)
+    assert offered_spec(source()[0]) is not spec  # another parameters object: another copy, never a wrong one
+    with pytest.raises(RuntimeError, match="never run"):
+        await spec.handler(USER, {})
 
 
 async def test_handler_exception_becomes_an_error_result_and_the_loop_goes_on() -> None:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.app import Gateway
 from gateway.config import Config, LLMConfig, load_config
-from gateway.llm.base import ChatMessage
+from gateway.llm.base import ChatMessage, Completion, Tool
+from gateway.llm.loop import _never_run
 from gateway.models import Message
 from gateway.sessions import SessionKey, SessionStore
 from gateway.turn import TurnHandler, TurnRequest
@@ -102,6 +106,46 @@ async def test_a_session_waiting_for_the_model_holds_no_database_connection(engi
     assert not waiting.done()
     model.release.set()
     assert (await asyncio.wait_for(waiting, timeout=30)).reply == "done"
+
+
+class OfferRecorder(ScriptedProvider):
+    """A scripted model that also records the names of the tools each call was offered."""
+
+    def __init__(self, answer: GatedModel) -> None:
+        super().__init__(answer)
+        self.offered: list[list[str]] = []
+
+    async def complete(self, messages: Sequence[ChatMessage], *, tools: Sequence[Tool] = (), **kw: Any) -> Completion:
+        self.offered.append([t.name for t in tools])
+        return await super().complete(messages, tools=tools, **kw)
+
+
+async def test_turns_waiting_on_the_model_hold_none_of_their_tools(sqlite_url: str, clock: Clock) -> None:
+    # Each turn's tools close over its message and run (gateway/memory_glue.py, gateway/facts_glue.py): ten
+    # Tools with their closures, about 55 objects the collector counts. Held while the model answered, 200 turns
+    # waiting on a model held some 11,000 toward the next young collection, which stops the loop for its whole
+    # walk (gateway/heap.py). The loop makes them when it needs them (gateway/llm/loop.py).
+    model = GatedModel()
+    provider = OfferRecorder(model)
+    gw = Gateway(Config.model_validate({"database": {"url": sqlite_url}}), provider=provider, clock=clock)
+    await gw.start(channels=False, worker=False)
+    try:
+        before = sum(1 for o in gc.get_objects() if type(o) is Tool)
+        waiting = [asyncio.create_task(gw.turns.handle(_req(f"room-{i}", clock))) for i in range(20)]
+        await _until(lambda: _async(model.inside == 20), "20 turns waiting on the model")
+        held = sum(1 for o in gc.get_objects() if type(o) is Tool and o.handler is not _never_run)
+        offered_copies = sum(1 for o in gc.get_objects() if type(o) is Tool and o.handler is _never_run)
+        model.release.set()
+        results = await asyncio.wait_for(asyncio.gather(*waiting), timeout=30)
+    finally:
+        await gw.stop()
+    assert held - before <= 0, f"{held - before} tools held by 20 turns waiting on the model"
+    assert offered_copies <= len(provider.offered[0])  # one copy of each tool offered, whatever the turns
+    assert [r.reply for r in results] == ["done"] * 20
+    # The tools are offered as before: a person's own, not an admin's.
+    assert all(names == provider.offered[0] for names in provider.offered)
+    assert "memory_write" in provider.offered[0] and "memory_search" in provider.offered[0]
+    assert "review_learned" not in provider.offered[0]
 
 
 def test_the_retired_session_limit_loads_with_a_warning_naming_its_replacement(tmp_path: Path) -> None:
