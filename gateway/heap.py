@@ -37,9 +37,11 @@ pair per entry) filling them after a start reached the threshold some 5,600 turn
 and that one collection walked about 97,000 objects, 34-59 ms each time. At four (the
 row's key a tuple, a second record type made from each row) the caches alone stayed
 under it, but not beside 200 turns waiting on a model (``bench/model_load.py``), whose
-own objects are about 52,000: one collection per start, 26-99 ms. Now the full caches
-and those turns come to about 92,000 (``tests/gateway/test_turn.py`` holds them under
-95,000, as the collector counts them).
+own objects were about 52,000: one collection per start, 26-99 ms. Those turns now hold
+about 42,000 (their tools are made when the loop needs them, ``gateway/llm/loop.py``),
+and the young count peaked at about 81,000 in that load (``goclaw_gc_pending`` on
+``/metrics``); ``tests/gateway/test_turn.py`` holds the full caches and those turns
+under 95,000, as the collector counts them.
 """
 
 from __future__ import annotations
