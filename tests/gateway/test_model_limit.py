@@ -113,10 +113,10 @@ class OfferRecorder(ScriptedProvider):
 
     def __init__(self, answer: GatedModel) -> None:
         super().__init__(answer)
-        self.offered: list[list[str]] = []
+        self.offered: list[list[Tool]] = []
 
     async def complete(self, messages: Sequence[ChatMessage], *, tools: Sequence[Tool] = (), **kw: Any) -> Completion:
-        self.offered.append([t.name for t in tools])
+        self.offered.append(list(tools))
         return await super().complete(messages, tools=tools, **kw)
 
 
@@ -134,18 +134,22 @@ async def test_turns_waiting_on_the_model_hold_none_of_their_tools(sqlite_url: s
         waiting = [asyncio.create_task(gw.turns.handle(_req(f"room-{i}", clock))) for i in range(20)]
         await _until(lambda: _async(model.inside == 20), "20 turns waiting on the model")
         held = sum(1 for o in gc.get_objects() if type(o) is Tool and o.handler is not _never_run)
-        offered_copies = sum(1 for o in gc.get_objects() if type(o) is Tool and o.handler is _never_run)
         model.release.set()
         results = await asyncio.wait_for(asyncio.gather(*waiting), timeout=30)
     finally:
         await gw.stop()
     assert held - before <= 0, f"{held - before} tools held by 20 turns waiting on the model"
-    assert offered_copies <= len(provider.offered[0])  # one copy of each tool offered, whatever the turns
     assert [r.reply for r in results] == ["done"] * 20
+    # The model is offered one kept copy of each tool, the same objects for every turn, and they run nothing.
+    first = provider.offered[0]
+    assert len(provider.offered) == 20 and all(
+        len(offer) == len(first) and all(a is b for a, b in zip(offer, first, strict=True))
+        for offer in provider.offered
+    )
+    assert all(t.handler is _never_run for t in first)
     # The tools are offered as before: a person's own, not an admin's.
-    assert all(names == provider.offered[0] for names in provider.offered)
-    assert "memory_write" in provider.offered[0] and "memory_search" in provider.offered[0]
-    assert "review_learned" not in provider.offered[0]
+    names = [t.name for t in first]
+    assert "memory_write" in names and "memory_search" in names and "review_learned" not in names
 
 
 def test_the_retired_session_limit_loads_with_a_warning_naming_its_replacement(tmp_path: Path) -> None:
