@@ -143,22 +143,31 @@ async def loop_stalls(http: aiohttp.ClientSession, base: str) -> tuple[float, fl
     From ``/metrics`` (``goclaw_gc_pause_seconds``, trees since the twenty-sixth session;
     ``goclaw_turnstile_waits_total`` since the thirty-eighth); NaN for a tree without it.
     """
-    async with http.get(f"{base}/metrics") as r:
-        text = await r.text()
     count = total = within = 0.0
     waits = NAN
     seen = False
-    for metric_line in text.splitlines():
-        name, _, value = metric_line.partition(" ")
+    for name, value in (await metric_values(http, base)).items():
         if name == "goclaw_turnstile_waits_total":
-            waits = float(value)
+            waits = value
         elif name.startswith("goclaw_gc_pause_seconds_count{"):
-            count, seen = count + float(value), True
+            count, seen = count + value, True
         elif name.startswith("goclaw_gc_pause_seconds_sum{"):
-            total += float(value)
+            total += value
         elif name.startswith("goclaw_gc_pause_seconds_bucket{") and name.endswith(',le="0.02"}'):
-            within += float(value)
+            within += value
     return ((count, total, count - within) if seen else (NAN, NAN, NAN)) + (waits,)
+
+
+async def metric_values(http: aiohttp.ClientSession, base: str) -> dict[str, float]:
+    """The gateway's ``/metrics`` now: each sample's name with its labels, and its value."""
+    async with http.get(f"{base}/metrics") as r:
+        text = await r.text()
+    out: dict[str, float] = {}
+    for metric_line in text.splitlines():
+        if metric_line and not metric_line.startswith("#"):
+            name, _, value = metric_line.rpartition(" ")  # a label's value may hold a space; the sample's may not
+            out[name] = float(value)
+    return out
 
 
 async def young_count(http: aiohttp.ClientSession, base: str) -> tuple[float, float]:
@@ -167,16 +176,8 @@ async def young_count(http: aiohttp.ClientSession, base: str) -> tuple[float, fl
     The count is the objects its collector counts, made and not freed, since the last young collection; one
     runs when it passes the threshold (``gateway/heap.py``). NaN for a tree without them (before 2026-12-07).
     """
-    async with http.get(f"{base}/metrics") as r:
-        text = await r.text()
-    found = {"count": NAN, "threshold": NAN}
-    for metric_line in text.splitlines():
-        name, _, value = metric_line.partition(" ")
-        if name == 'goclaw_gc_pending{generation="0"}':
-            found["count"] = float(value)
-        elif name == 'goclaw_gc_threshold{generation="0"}':
-            found["threshold"] = float(value)
-    return found["count"], found["threshold"]
+    values = await metric_values(http, base)
+    return values.get('goclaw_gc_pending{generation="0"}', NAN), values.get('goclaw_gc_threshold{generation="0"}', NAN)
 
 
 async def healthz_sampler(base: str, seconds: float, every: float = 0.05) -> list[float]:

@@ -154,14 +154,8 @@ async def run_tool_loop(
     Raises:
         LLMUnavailable: when the model cannot be reached (after the provider's retries).
     """
-    if callable(tools):
-        offered = [offered_spec(t) for t in offered_tools(tools(), principal)]
-        kept: dict[str, Tool] | None = None
-    else:
-        offered = offered_tools(tools, principal)
-        # Every known tool by name, offered or not: a call to one not offered gets its
-        # refusal ("admins only"), which tells the model more than "unknown tool".
-        kept = {t.name: t for t in tools}
+    source: ToolSource = tools if callable(tools) else (lambda: tools)
+    offered = [offered_spec(t) for t in offered_tools(source(), principal)]
     conversation = list(messages)
     made: list[tuple[str, Mapping[str, Any], str]] = []
     steps = input_tokens = output_tokens = 0
@@ -204,8 +198,10 @@ async def run_tool_loop(
         if not completion.tool_calls:
             return result(completion.text)
         conversation.append(ChatMessage(role="assistant", content=completion.text, tool_calls=completion.tool_calls))
-        # Made afresh from the source for this round's calls, and let go before the next model call.
-        by_name = kept if kept is not None else {t.name: t for t in tools()}  # type: ignore[operator]
+        # Made afresh from the source for this round's calls, and let go before the next model call. Every
+        # known tool by name, offered or not: a call to one not offered gets its refusal ("admins only"),
+        # which tells the model more than "unknown tool".
+        by_name = {t.name: t for t in source()}
         for call in completion.tool_calls:
             output = await run_tool(by_name.get(call.name), call, principal)
             made.append((call.name, call.arguments, output))
