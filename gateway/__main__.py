@@ -22,6 +22,9 @@ def main() -> None:
     walk these objects again), and it runs as usual from then on, before any
     command does its work.
 
+    For ``serve``, aiohttp's CA bundle is read on a thread while the rest
+    imports (``gateway/tls_trust.py``); ``serve_command`` waits for it.
+
     A plain ``goclaw serve`` line (see :func:`serve_options`) runs the command
     without the Typer CLI: importing Typer and every command group, and building
     the Click commands, is about 4% of a restart. Anything else, ``--help``
@@ -33,6 +36,10 @@ def main() -> None:
         if serve is None:
             from gateway.cli import main as cli_main
         if sys.argv[1:2] == ["serve"]:
+            from gateway import tls_trust
+
+            with tls_trust.loaded_aside():  # its CA bundle read on the other core (gateway/tls_trust.py)
+                import aiohttp  # noqa: F401
             import gateway.server  # noqa: F401  (what `serve` imports first thing, while the collector waits)
     finally:
         gc.freeze()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from gateway import tls_trust
 from gateway.app import Gateway
 from gateway.cli_base import load
 from gateway.config import Config, check_secrets
@@ -34,6 +35,7 @@ def serve_command(config: str | None, workers: int = 1, child: int | None = None
     Raises:
         GoclawError: the config, the database or the port cannot be used (one line for a person).
     """
+    tls_trust.wait()  # aiohttp's CA bundle, read aside while the gateway imported, before any TLS client exists
     cfg = load(config)
     check_secrets(cfg)
     logging.basicConfig(level=cfg.logging.level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
