@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
+
+from msgspec import Struct, field
 
 
 class ConversationKind(StrEnum):
@@ -18,8 +19,7 @@ class ConversationKind(StrEnum):
     CHANNEL = "channel"  # a guild / team channel or a thread in one
 
 
-@dataclass(frozen=True, slots=True)
-class InboundMessage:
+class InboundMessage(Struct, frozen=True):
     """A platform event, converted once at the edge.
 
     ``conversation_ids`` holds every id the conversation is known by (channel,
@@ -42,8 +42,7 @@ class InboundMessage:
     attachments: tuple[str, ...] = field(default=())
 
 
-@dataclass(frozen=True, slots=True)
-class OutboundMessage:
+class OutboundMessage(Struct, frozen=True):
     """A reply or proactive message to a conversation."""
 
     channel: str

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from channels.base import InboundMessage
 from gateway.sessions import SessionKey
@@ -17,8 +18,7 @@ from pairing.store import PairingError, PairingStore
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class ChannelRules:
+class ChannelRules(Struct, frozen=True):
     """A channel's admission settings (from its config section)."""
 
     dm_policy: DmPolicy = DmPolicy.PAIRING

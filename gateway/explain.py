@@ -9,15 +9,15 @@ path pays one extra row in the reply's transaction and nothing else.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from gateway.llm.base import ChatMessage
 from gateway.prompt import estimate_tokens
 
 
-@dataclass(frozen=True, slots=True)
-class TurnExplanation:
+class TurnExplanation(Struct, frozen=True):
     """The values of one ``turn_records`` row (the session and message ids are added by the store)."""
 
     memory: list[dict[str, str]]

@@ -18,10 +18,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from msgspec import Struct
 from sqlalchemy import Select, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -44,8 +44,7 @@ this late, instead of ``session.idle_extract_seconds``.
 """
 
 
-@dataclass(frozen=True, slots=True)
-class IdleSlice:
+class IdleSlice(Struct, frozen=True):
     """What one sweep handed to extraction for one session."""
 
     session_id: str

@@ -26,10 +26,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from msgspec import Struct
+from msgspec.structs import replace
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -46,8 +47,7 @@ POLL_FIRST_S = 0.02
 POLL_MAX_S = 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class Blocker:
+class Blocker(Struct, frozen=True):
     """An earlier message of the session that another turn is still answering."""
 
     message_row_id: int

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from pairing.principal import Principal, PrincipalKind, is_human_admin
 
@@ -68,8 +69,7 @@ def fit(text: str, budget_tokens: int) -> str:
     return (cut[:nl] if nl > limit // 2 else cut[: max(0, limit - 1)] + "…").rstrip()
 
 
-@dataclass(frozen=True, slots=True)
-class PromptBudgets:
+class PromptBudgets(Struct, frozen=True):
     """Token budget of each section."""
 
     identity: int = 400

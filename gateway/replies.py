@@ -8,9 +8,9 @@ answers what the last process left open.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
+from msgspec import Struct
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import aliased
@@ -18,8 +18,7 @@ from sqlalchemy.orm import aliased
 from gateway.models import Message, Session
 
 
-@dataclass(frozen=True, slots=True)
-class Unanswered:
+class Unanswered(Struct, frozen=True):
     """A stored message that asked for an answer and has none."""
 
     channel: str

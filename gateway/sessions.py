@@ -5,10 +5,10 @@ from __future__ import annotations
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from msgspec import Struct
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -40,8 +40,7 @@ _TRIMS_KEPT = 10_000
 """Sessions whose last queued trim job ``queue_trim`` remembers (the least recent forgotten first)."""
 
 
-@dataclass(frozen=True, slots=True)
-class SessionKey:
+class SessionKey(Struct, frozen=True):
     """Where a conversation happens."""
 
     channel: str
@@ -57,8 +56,7 @@ def _as_read(speaker: Principal, role: str | None) -> Principal:
     return Principal.human(speaker.user_id, Role(role), speaker.display_name, from_users=True)
 
 
-@dataclass(frozen=True, slots=True)
-class TurnStart:
+class TurnStart(Struct, frozen=True):
     """The opening of a turn, read and written in one transaction."""
 
     session_id: str
@@ -82,8 +80,7 @@ class SpeakerGone(PairingError):
         self.user_id = user_id
 
 
-@dataclass(frozen=True, slots=True)
-class TrimResult:
+class TrimResult(Struct, frozen=True):
     """What one trim produced, all in one transaction."""
 
     archive_id: str

@@ -6,10 +6,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Protocol
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from gateway.config import Config
 from gateway.explain import TurnExplanation, directive_explanation, explain_turn
@@ -32,8 +34,7 @@ SYSTEM_NAMES = frozenset(SYSTEM_PRINCIPALS)
 UNAVAILABLE_REPLY = "Sorry, the model is unavailable right now. Your message is kept; please try again in a moment."
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryContext:
+class MemoryContext(Struct, frozen=True):
     """What memory puts into one prompt."""
 
     operational: str = ""
@@ -43,8 +44,7 @@ class MemoryContext:
     why: tuple[str, ...] = ()  # why each of used_ids was chosen (kept in the turn record)
 
 
-@dataclass(frozen=True, slots=True)
-class RunContext:
+class RunContext(Struct, frozen=True):
     """The standing procedure (SOP) an autonomous turn runs for; None for people's turns.
 
     Set by gateway.automation on the TurnRequest; memory reads it to scope
@@ -121,8 +121,7 @@ class NoMemory:
         return "none"
 
 
-@dataclass(frozen=True, slots=True)
-class TurnRequest:
+class TurnRequest(Struct, frozen=True):
     """One incoming message, with the principal the gateway resolved for its sender."""
 
     key: SessionKey
@@ -135,8 +134,7 @@ class TurnRequest:
     run: RunContext | None = None  # the SOP an autonomous run is for
 
 
-@dataclass(slots=True)
-class TurnResult:
+class TurnResult(Struct):
     """What came of a turn."""
 
     session_id: str

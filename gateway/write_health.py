@@ -14,9 +14,9 @@ import socket
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from msgspec import Struct
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -89,8 +89,7 @@ def _driver_reason(exc: BaseException) -> str | None:
     return None if isinstance(exc, ValueError | TypeError) else detail
 
 
-@dataclass(slots=True)
-class _Burst:
+class _Burst(Struct):
     started: float
     reason: str
     count: int = 0

@@ -33,8 +33,9 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
+
+from msgspec import Struct, field
 
 from memory.types import SliceMessage
 
@@ -262,8 +263,7 @@ def _v1_message(line: str) -> SliceMessage:
     )
 
 
-@dataclass(slots=True)
-class ReadArchive:
+class ReadArchive(Struct):
     """What :func:`read_archive` found (``memory.relearn`` turns it into a ``ParsedArchive``)."""
 
     format: int = 1

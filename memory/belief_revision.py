@@ -34,9 +34,9 @@ import json
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from msgspec import Struct, field
 from sqlalchemy import select
 
 from memory.models import MemoryRecord
@@ -109,8 +109,7 @@ class MalformedJudgement(Exception):
         super().__init__(f"malformed judgement ({problem}): {raw[:200]!r}")
 
 
-@dataclass(frozen=True, slots=True)
-class Judgement:
+class Judgement(Struct, frozen=True):
     """One of the judge's decisions about a candidate it was shown."""
 
     record_id: str
@@ -191,8 +190,7 @@ def judge_input(record: MemoryRecordView, candidates: Sequence[MemoryRecordView]
     )
 
 
-@dataclass(slots=True)
-class RevisionOutcome:
+class RevisionOutcome(Struct):
     """What belief revision did for one record."""
 
     record_id: str

@@ -41,8 +41,9 @@ import logging
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from memory.belief_revision import load_json_answer
 from memory.grounding import ungrounded
@@ -121,8 +122,7 @@ class MalformedConsolidation(Exception):
         super().__init__(f"malformed consolidation ({problem}): {raw[:200]!r}")
 
 
-@dataclass(frozen=True, slots=True)
-class ProposedMerge:
+class ProposedMerge(Struct, frozen=True):
     """One merge the model proposed, over records it was shown."""
 
     record_ids: tuple[str, ...]
@@ -233,8 +233,7 @@ def _same_digest(key: str) -> bytes:
     return hashlib.blake2b(key.encode(), digest_size=16).digest()
 
 
-@dataclass(slots=True)
-class PairMemo:
+class PairMemo(Struct):
     """What earlier clusterings found: which notes were compared, and the pairs that were alike.
 
     Notes never change (append-only), so two notes compared once need not be
@@ -282,8 +281,7 @@ def cluster_by_words(
     return _clusters(grouped, by_id, memo, batch_size)
 
 
-@dataclass(slots=True)
-class _Grouped:
+class _Grouped(Struct):
     """What :func:`_group` found: the groups by their root, each grouped note's best score, new notes' keys."""
 
     groups: dict[str, list[str]]
@@ -466,8 +464,7 @@ def pack(
 # ---- a run ------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class ConsolidationRun:
+class ConsolidationRun(Struct):
     """What one consolidation run did."""
 
     run_id: str

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
+
+from msgspec import Struct, field
 
 from memory.gate import GateDecision
 from memory.rules import is_directive
@@ -153,8 +154,7 @@ def parse_extraction(raw: str) -> list[ExtractedItem]:
 # ---- each person on their own lines ---------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class SpeakerLines:
+class SpeakerLines(Struct, frozen=True):
     """One person's lines of a slice, under the authority their own role gives them.
 
     ``messages`` are the person's own messages; ``context`` is those with the
@@ -339,8 +339,7 @@ class GatedWriter(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class Dropped:
+class Dropped(Struct, frozen=True):
     """An item the gate did not let through, and why."""
 
     item: ExtractedItem
@@ -348,8 +347,7 @@ class Dropped:
     reason: str
 
 
-@dataclass(slots=True)
-class ExtractOutcome:
+class ExtractOutcome(Struct):
     """What extraction did with a slice (or one speaker's items)."""
 
     written: list[MemoryRecordView] = field(default_factory=list)

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from msgspec import Struct
+
 from memory.models import SCOPES, SOURCES
 from pairing.principal import Principal, PrincipalKind, Role, is_human_admin
 
@@ -64,8 +66,7 @@ class WriteAccess:
 NO_EXTRA_WRITERS = WriteAccess()
 
 
-@dataclass(frozen=True, slots=True)
-class GateDecision:
+class GateDecision(Struct, frozen=True):
     """The gate's answer.
 
     ``message`` is for the person (a tool result, a chat reply); ``reason`` is
@@ -96,8 +97,7 @@ class GateDecision:
         raise ValueError(f"nothing is written when the gate says {self.verdict.value}: {self.reason}")
 
 
-@dataclass(frozen=True, slots=True)
-class _Ask:
+class _Ask(Struct, frozen=True):
     principal: Principal
     scope: str
     source: str

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from msgspec import Struct
 from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -78,8 +78,7 @@ class IdentityError(MemoryStoreError):
     """An identity action that cannot be done; the message says why."""
 
 
-@dataclass(frozen=True, slots=True)
-class DecisionView:
+class DecisionView(Struct, frozen=True):
     """How an identity record came to be, or what became of a proposal."""
 
     id: str
@@ -103,8 +102,7 @@ class DecisionView:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class ProposalView:
+class ProposalView(Struct, frozen=True):
     """A proposal with its decision, if any (``status`` is derived: open until decided)."""
 
     id: str
@@ -146,8 +144,7 @@ class ProposalView:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Accepted:
+class Accepted(Struct, frozen=True):
     """What an accept did: the proposal as decided, the identity record, and the records it retired."""
 
     proposal: ProposalView
@@ -171,7 +168,7 @@ def authorize_decide(principal: Principal) -> str | None:
 
 def _decision_view(row: Any) -> DecisionView:
     m = row._mapping
-    return DecisionView(**{k: m[k] for k in DecisionView.__dataclass_fields__})
+    return DecisionView(**{k: m[k] for k in DecisionView.__struct_fields__})
 
 
 def _joined_decision(row: Any) -> DecisionView | None:
@@ -179,12 +176,12 @@ def _joined_decision(row: Any) -> DecisionView | None:
     m = row._mapping
     if m["d_id"] is None:
         return None
-    return DecisionView(**{k: m[f"d_{k}"] for k in DecisionView.__dataclass_fields__})
+    return DecisionView(**{k: m[f"d_{k}"] for k in DecisionView.__struct_fields__})
 
 
 def _proposal_view(row: Any, decision: DecisionView | None) -> ProposalView:
     m = row._mapping
-    fields = {k: m[k] for k in ProposalView.__dataclass_fields__ if k != "decision"}
+    fields = {k: m[k] for k in ProposalView.__struct_fields__ if k != "decision"}
     return ProposalView(**fields, decision=decision)
 
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from msgspec import Struct, field
 
 from memory.facts_models import CONFIDENCES, SEVERITIES
 
@@ -78,8 +79,7 @@ def severity_rank(severity: str) -> int:
     return SEVERITIES.index(severity)
 
 
-@dataclass(frozen=True, slots=True)
-class Floor:
+class Floor(Struct, frozen=True):
     """A policy floor: a finding whose subject, observation or rationale matches is at least ``at_least``."""
 
     pattern: str
@@ -98,8 +98,7 @@ SHIPPED_FLOORS: tuple[Floor, ...] = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class RoutingPolicy:
+class RoutingPolicy(Struct, frozen=True):
     """The routing policy (config ``intelligence``)."""
 
     floors: tuple[Floor, ...] = SHIPPED_FLOORS
@@ -107,8 +106,7 @@ class RoutingPolicy:
     blocks_at: str = "blocking"
 
 
-@dataclass(frozen=True, slots=True)
-class Report:
+class Report(Struct, frozen=True):
     """The fields the model supplies, validated."""
 
     subject: str
@@ -123,8 +121,7 @@ class Report:
     expires_at: datetime | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SignalView:
+class SignalView(Struct, frozen=True):
     """A stored signal: the report plus what the host stamped."""
 
     id: str
@@ -164,8 +161,7 @@ class SignalView:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Routing:
+class Routing(Struct, frozen=True):
     """What the router decided for one signal."""
 
     signal_id: str

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+
+from msgspec import Struct
 
 MAX_REVIEW_DAYS = 90
 """Seed 001: review-by is at most 90 days out (a fact meant to hold longer is a rule: propose it)."""
@@ -111,8 +112,7 @@ def clean_scope(names: Iterable[str] | None) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-@dataclass(frozen=True, slots=True)
-class Audience:
+class Audience(Struct, frozen=True):
     """Who a prompt is for, as far as scoped notes are concerned.
 
     ``sop_name``/``tags``: an SOP run (its name and scope tags); both empty: a

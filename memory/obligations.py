@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from msgspec import Struct
 from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
@@ -66,8 +66,7 @@ class ObligationError(MemoryStoreError):
     """An obligation action that cannot be done; the message says why."""
 
 
-@dataclass(frozen=True, slots=True)
-class DispositionView:
+class DispositionView(Struct, frozen=True):
     """A person's disposition of an obligation."""
 
     obligation_id: str
@@ -88,8 +87,7 @@ class DispositionView:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class ObligationView:
+class ObligationView(Struct, frozen=True):
     """An obligation and, once dispositioned, its disposition (``status`` is derived)."""
 
     id: str
@@ -128,8 +126,7 @@ class ObligationView:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class RoutingView:
+class RoutingView(Struct, frozen=True):
     """A recorded routing outcome."""
 
     signal_id: str
@@ -151,8 +148,7 @@ class RoutingView:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class ObligationHistory:
+class ObligationHistory(Struct, frozen=True):
     """``goclaw obligation show``: the obligation, the signal it came from, and everything since."""
 
     obligation: ObligationView
@@ -299,7 +295,7 @@ def _routing(row: Any) -> RoutingView:
 
 def _disposition(row: Any) -> DispositionView:
     m = row._mapping
-    return DispositionView(**{k: m[k] for k in DispositionView.__dataclass_fields__})
+    return DispositionView(**{k: m[k] for k in DispositionView.__struct_fields__})
 
 
 class FindingsStore:

@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from memory.archive_format import read_archive
 from memory.belief_revision import BeliefReviser, RevisionOutcome
@@ -68,8 +70,7 @@ class ArchiveFormatError(ValueError):
     """The text is not a session archive (no header, or no message lines)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ParsedArchive:
+class ParsedArchive(Struct, frozen=True):
     """One archive as read from its markdown."""
 
     archive_id: str | None
@@ -172,8 +173,7 @@ def select_archives(
 # ---- the run -----------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class ArchiveOutcome:
+class ArchiveOutcome(Struct):
     """What relearn did with one archive."""
 
     archive: ParsedArchive
@@ -224,8 +224,7 @@ class ArchiveOutcome:
         }
 
 
-@dataclass(slots=True)
-class RelearnSummary:
+class RelearnSummary(Struct):
     """What a relearn run did, over all archives."""
 
     run_id: str

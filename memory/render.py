@@ -37,9 +37,10 @@ import math
 import sys
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
+
+from msgspec import Struct
 
 from memory.notes import CONVERSATION, Audience, applies
 from memory.store import MemoryRecordView, MemoryStore
@@ -71,8 +72,7 @@ PERSONAL_HEADING = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class MemorySections:
+class MemorySections(Struct, frozen=True):
     """What memory puts into one turn's prompt."""
 
     operational: str

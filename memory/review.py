@@ -20,8 +20,9 @@ Who decided what, and when, is kept in ``memory_reviews``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from memory.belief_revision import BeliefReviser, RevisionOutcome
 from memory.store import MemoryRecordView, MemoryStore, MemoryStoreError, new_run_id
@@ -60,8 +61,7 @@ def authorize_review(principal: Principal) -> str | None:
     return None if is_human_admin(principal) else REFUSE_REVIEW
 
 
-@dataclass(frozen=True, slots=True)
-class Confirmed:
+class Confirmed(Struct, frozen=True):
     """What a confirm did: the record as it now stands, what it retired, and its belief revision."""
 
     record: MemoryRecordView

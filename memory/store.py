@@ -16,11 +16,12 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, Protocol
 
+from msgspec import Struct
+from msgspec.structs import replace
 from sqlalchemy import (
     JSON,
     ColumnElement,
@@ -82,8 +83,7 @@ class MemoryStoreError(Exception):
     """A memory operation that cannot be done; the message says why."""
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryRecordView:
+class MemoryRecordView(Struct, frozen=True):
     """A memory record as read from the store."""
 
     id: str
@@ -145,8 +145,7 @@ class MemoryRecordView:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class RevisionView:
+class RevisionView(Struct, frozen=True):
     """One retirement row."""
 
     id: str
@@ -187,8 +186,7 @@ class RevisionView:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Added:
+class Added(Struct, frozen=True):
     """What one add did: the record, and the live records it retired."""
 
     record: MemoryRecordView
@@ -197,15 +195,13 @@ class Added:
     """True when the same fact was already on record: nothing was written, ``record`` is the known one."""
 
 
-@dataclass(frozen=True, slots=True)
-class _NoteFields:
+class _NoteFields(Struct, frozen=True):
     review_by: datetime | None
     applies_to: tuple[str, ...]
     citations: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Merge:
+class Merge(Struct, frozen=True):
     """A consolidation merge: the live agent_notes the new record replaces, and who decided it."""
 
     sources: tuple[str, ...]
@@ -214,8 +210,7 @@ class Merge:
     prompt_version: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ReviewView:
+class ReviewView(Struct, frozen=True):
     """One person's decision on a record (confirm, reject, retract)."""
 
     id: str
@@ -237,16 +232,14 @@ class ReviewView:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Undone:
+class Undone(Struct, frozen=True):
     """What an undo did: the revision rows it marked undone and the records it returned."""
 
     revisions: tuple[RevisionView, ...]
     restored: tuple[MemoryRecordView, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class PromptCandidates:
+class PromptCandidates(Struct, frozen=True):
     """What the prompt may draw on this turn (see ``memory.render``)."""
 
     matched_notes: list[tuple[MemoryRecordView, float]]
@@ -311,12 +304,12 @@ def _orm_view(rec: MemoryRecord) -> MemoryRecordView:
 
 def _rev_view(row: Any) -> RevisionView:
     m = row._mapping
-    return RevisionView(**{k: m[k] for k in RevisionView.__dataclass_fields__})
+    return RevisionView(**{k: m[k] for k in RevisionView.__struct_fields__})
 
 
 def _review_view(row: Any) -> ReviewView:
     m = row._mapping
-    return ReviewView(**{k: m[k] for k in ReviewView.__dataclass_fields__})
+    return ReviewView(**{k: m[k] for k in ReviewView.__struct_fields__})
 
 
 def note_terms(subject: str, content: str) -> list[str]:
@@ -572,8 +565,7 @@ class RawWrites(Protocol):
         (None: a statement without rows), and the row count."""
 
 
-@dataclass(frozen=True, slots=True)
-class _DriverSQL:
+class _DriverSQL(Struct, frozen=True):
     statement: Any  # kept, so the id it is cached under stays its own
     sql: str
     names: tuple[str, ...]
@@ -617,7 +609,7 @@ def _driver_sql(dialect: Any, statement: Any, keys: Iterable[str]) -> _DriverSQL
 
 
 _RECORD_COLUMNS = tuple(c.key for c in MemoryRecord.__table__.columns)
-if tuple(MemoryRecordView.__dataclass_fields__) != _RECORD_COLUMNS:
+if tuple(MemoryRecordView.__struct_fields__) != _RECORD_COLUMNS:
     raise RuntimeError("MemoryRecordView's fields must be memory_records' columns, in order (see _row_view)")
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime
+
+from msgspec import Struct
 
 ExtractorModel = Callable[[str, str], Awaitable[str]]
 """A model call for structured output: (system prompt, user content) -> raw JSON text.
@@ -14,8 +15,7 @@ The gateway adapts its LLM provider to this (the openai provider sends
 """
 
 
-@dataclass(frozen=True, slots=True)
-class SliceMessage:
+class SliceMessage(Struct, frozen=True):
     """One stored message of a trimmed slice, as the gateway stored it.
 
     ``user_id`` is the unified user id the channel stored with the message (None
@@ -37,8 +37,7 @@ KINDS: tuple[str, ...] = ("identity", "preference", "operational", "request", "t
 """What an extracted item can be (the extractor prompt explains each)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ExtractedItem:
+class ExtractedItem(Struct, frozen=True):
     """One item the extractor found in a speaker's lines.
 
     ``kind`` is the classification (soft, the model's); what happens to the

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from msgspec import Struct
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memory.gate import NO_EXTRA_WRITERS, OPERATIONAL_SCOPE, GateDecision, WriteAccess, decide
@@ -23,8 +23,7 @@ from memory.store import MAX_REVIEW_DAYS, MemoryRecordView, MemoryStore, MemoryS
 from pairing.principal import Principal
 
 
-@dataclass(frozen=True, slots=True)
-class WriteResult:
+class WriteResult(Struct, frozen=True):
     """The gate's decision and, when it allowed a write, the record and what it retired."""
 
     decision: GateDecision

@@ -8,7 +8,8 @@ command returns None and goes on to the turn. Authorization is
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from pairing.principal import Principal, Role, is_human_admin
 from pairing.store import PairingError, PairingStore
@@ -39,8 +40,7 @@ def help_for(principal: Principal | None) -> str:
     return UNPAIRED_HELP
 
 
-@dataclass(frozen=True, slots=True)
-class Command:
+class Command(Struct, frozen=True):
     """A parsed slash command."""
 
     name: str

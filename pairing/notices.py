@@ -10,9 +10,9 @@ gateway processes on one database deliver it once.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from msgspec import Struct
 from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
@@ -42,8 +42,7 @@ def paired_text(display_name: str, user_id: str, role: Role, *, linked: bool = F
     return f"{head} {what} Send /whoami to see who I know you as, /help for the commands you may run."
 
 
-@dataclass(frozen=True, slots=True)
-class Notice:
+class Notice(Struct, frozen=True):
     """A notice to deliver."""
 
     id: int

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from msgspec import Struct
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -30,8 +30,7 @@ class PairingError(Exception):
     """A pairing operation that cannot be done; the message says what to do instead."""
 
 
-@dataclass(frozen=True, slots=True)
-class UserView:
+class UserView(Struct, frozen=True):
     """A unified user with their linked identities."""
 
     id: str
@@ -51,8 +50,7 @@ class UserView:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class PendingView:
+class PendingView(Struct, frozen=True):
     """A pending pairing request."""
 
     channel: str
@@ -74,8 +72,7 @@ class PendingView:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class CodeIssued:
+class CodeIssued(Struct, frozen=True):
     """The answer to an unknown sender: their code, and whether it is new."""
 
     code: str

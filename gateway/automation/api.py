@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from gateway.automation.config import SopConfig, check_name, check_secret, check_target
 from gateway.automation.runner import SopRunner
@@ -14,8 +15,7 @@ from gateway.automation.store import AutomationStore, RunView, SopDefinition, So
 LAST_RUNS = 3
 
 
-@dataclass(frozen=True, slots=True)
-class SopSummary:
+class SopSummary(Struct, frozen=True):
     """An SOP with its next run and its latest runs (newest first)."""
 
     sop: SopView

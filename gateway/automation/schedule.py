@@ -8,9 +8,10 @@ an interval anchored on the previous due time; ``at`` is one instant.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from msgspec import Struct
 
 CRON_FIELDS = ("minute", "hour", "day of month", "month", "day of week")
 _CRON_RANGES = ("0-59", "0-23", "1-31", "1-12 or jan-dec", "0-7 or sun-sat")
@@ -94,8 +95,7 @@ def parse_at(value: str | datetime) -> datetime:
     return when.astimezone(UTC)
 
 
-@dataclass(frozen=True, slots=True)
-class Trigger:
+class Trigger(Struct, frozen=True):
     """A validated trigger: its kind and spec (the stored form)."""
 
     kind: str  # cron | every | at | manual | webhook
@@ -228,8 +228,7 @@ def latest_due(trigger: Trigger, due: datetime, now: datetime) -> datetime:
     return due
 
 
-@dataclass(frozen=True, slots=True)
-class DueDecision:
+class DueDecision(Struct, frozen=True):
     """What the scheduler does for one SOP at one step."""
 
     due_at: datetime | None  # the due time to claim, None when nothing is due

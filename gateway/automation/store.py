@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from msgspec import Struct
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -25,8 +26,7 @@ class SopError(GoclawError):
     """An SOP action that cannot be done; the message says why and what to do."""
 
 
-@dataclass(frozen=True, slots=True)
-class SopDefinition:
+class SopDefinition(Struct, frozen=True):
     """What defines an SOP (from YAML or the CLI)."""
 
     name: str
@@ -40,8 +40,7 @@ class SopDefinition:
     secret: str | None = None  # webhook triggers only
 
 
-@dataclass(frozen=True, slots=True)
-class SopView:
+class SopView(Struct, frozen=True):
     """An SOP as stored."""
 
     name: str
@@ -79,8 +78,7 @@ class SopView:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class RunView:
+class RunView(Struct, frozen=True):
     """One row of run history."""
 
     id: str
@@ -120,8 +118,7 @@ class RunView:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
+class Claim(Struct, frozen=True):
     """The outcome of claiming a run: the new row, or the row that already had the claim."""
 
     run: RunView | None = None  # the row this call inserted

@@ -15,9 +15,10 @@ import abc
 import json
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
+
+from msgspec import Struct
 
 # Column kinds a raw row's values are decoded by (SQLite stores datetimes and JSON as text):
 from memory.store import DATETIME as DATETIME  # the kinds memory asks its raw reads to decode
@@ -48,8 +49,7 @@ def new_session_id() -> str:
     return "s_" + secrets.token_hex(8)
 
 
-@dataclass(frozen=True, slots=True)
-class TurnMessage:
+class TurnMessage(Struct, frozen=True):
     """The inbound message of a turn and where it was said (the input of ``begin_turn``)."""
 
     channel: str
@@ -134,8 +134,7 @@ class JobRow(NamedTuple):
     finished_at: datetime | None
 
 
-@dataclass(frozen=True, slots=True)
-class TurnRows:
+class TurnRows(Struct, frozen=True):
     """What ``begin_turn`` read and wrote: raw message tuples in ``sql.MESSAGE_SELECT`` order.
 
     ``message_id`` is None when the message was stored before and needs no
@@ -155,8 +154,7 @@ class TurnRows:
     speaker_gone: bool = False  # with ``role_from_users``: the speaker has no users row; nothing was stored
 
 
-@dataclass(frozen=True, slots=True)
-class TurnRecordRow:
+class TurnRecordRow(Struct, frozen=True):
     """A turn's explanation, stored with its reply."""
 
     message_id: str
@@ -167,8 +165,7 @@ class TurnRecordRow:
     model_calls: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class NewMessage:
+class NewMessage(Struct, frozen=True):
     """A message to store once (an agent reply names the row it answers)."""
 
     session_id: str
@@ -184,8 +181,7 @@ class NewMessage:
     record: TurnRecordRow | None
 
 
-@dataclass(frozen=True, slots=True)
-class TrimSession:
+class TrimSession(Struct, frozen=True):
     """The session row a trim reads (locked for the transaction)."""
 
     id: str
@@ -196,8 +192,7 @@ class TrimSession:
     extracted_through: int
 
 
-@dataclass(frozen=True, slots=True)
-class TrimWrite:
+class TrimWrite(Struct, frozen=True):
     """What one trim writes, planned from the session and its live messages (``TrimPlan``)."""
 
     message_ids: list[int]  # the slice, marked with ``archive_id``

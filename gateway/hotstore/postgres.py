@@ -15,9 +15,10 @@ import asyncio
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
+
+from msgspec.structs import replace
 
 from gateway.hotstore import sql
 from gateway.hotstore.base import (

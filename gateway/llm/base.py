@@ -6,11 +6,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from msgspec import Struct
+
 from pairing.principal import Principal
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCall:
+class ToolCall(Struct, frozen=True):
     """A model's request to run a tool."""
 
     id: str
@@ -18,8 +19,7 @@ class ToolCall:
     arguments: Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class ChatMessage:
+class ChatMessage(Struct, frozen=True):
     """One message of a conversation sent to a model."""
 
     role: Literal["system", "user", "assistant", "tool"]
@@ -29,8 +29,7 @@ class ChatMessage:
     name: str | None = None  # tool name for role "tool"
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
+class Completion(Struct, frozen=True):
     """A model's answer: text, tool calls, or both."""
 
     text: str
@@ -40,8 +39,7 @@ class Completion:
     output_tokens: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class JsonSchema:
+class JsonSchema(Struct, frozen=True):
     """A structured-output request (OpenAI ``response_format`` json_schema)."""
 
     name: str  # e.g. "extraction_result"

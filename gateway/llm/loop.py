@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from gateway.llm.base import ChatMessage, Completion, DeltaSink, LLMProvider, Tool, ToolCall
 from pairing.principal import Principal
@@ -47,8 +48,7 @@ FINAL_STEP_INSTRUCTION = (
 ROUND_BREAK = "\n\n"
 
 
-@dataclass(frozen=True, slots=True)
-class ToolLoopResult:
+class ToolLoopResult(Struct, frozen=True):
     """What a tool loop produced.
 
     Attributes:

@@ -43,11 +43,11 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
+from msgspec import Struct
 from yarl import URL
 
 from gateway.llm.base import ChatMessage, Completion, DeltaSink, JsonSchema, Tool, ToolCall
@@ -87,8 +87,7 @@ class APIError(Exception):
         self.body = body
 
 
-@dataclass(frozen=True, slots=True)
-class ErrorResponse:
+class ErrorResponse(Struct, frozen=True):
     """What the retry policy reads of a failed response: its status line and headers."""
 
     status_code: int

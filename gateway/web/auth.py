@@ -31,12 +31,12 @@ import secrets
 import stat
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from msgspec import Struct
 
 from gateway.config import Config
 
@@ -105,8 +105,7 @@ def load_or_create_token(folder: Path) -> tuple[str, Path, bool]:
     return token, path, True
 
 
-@dataclass(frozen=True, slots=True)
-class TokenSource:
+class TokenSource(Struct, frozen=True):
     """Where the running dashboard token came from."""
 
     generated_file: Path | None  # None: the operator configured server.dashboard_token

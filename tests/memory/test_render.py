@@ -252,7 +252,7 @@ def test_terms_are_the_words_of_two_letters_or_more_without_stopwords_and_plural
 def test_a_kept_line_is_used_only_for_the_view_it_was_made_from() -> None:
     # Lines are kept by record id across turns; another store's record under the same id (another
     # database in the same process), or the same record with another status, is rendered afresh.
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     from memory.render import _kept_line, _line
     from memory.store import MemoryRecordView

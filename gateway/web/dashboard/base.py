@@ -15,12 +15,12 @@ import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from msgspec import Struct
 
 from gateway.automation.store import SopError
 from gateway.web.app import DASHBOARD_USER, operator_principal
@@ -49,8 +49,7 @@ SECURITY_HEADERS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class NavEntry:
+class NavEntry(Struct, frozen=True):
     """One entry of the top navigation."""
 
     path: str
@@ -292,8 +291,7 @@ def decode_cursor(raw: str | None, kinds: Sequence[type]) -> tuple[Any, ...] | N
         raise DashError(400, "the page cursor 'after' is not one this server made; go back to the first page") from None
 
 
-@dataclass(frozen=True, slots=True)
-class Page:
+class Page(Struct, frozen=True):
     """One keyset page: its rows and the cursor of the next page (None on the last)."""
 
     rows: list[Any]

@@ -7,10 +7,10 @@ histories, newest first, keyset-paged so they stay cheap as they grow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from msgspec import Struct
 from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -36,16 +36,14 @@ OD = ObligationDisposition.__table__.c
 OUTCOMES = ("raised", "noted", "expired", "pending")
 
 
-@dataclass(frozen=True, slots=True)
-class Decided:
+class Decided(Struct, frozen=True):
     """One row of the decision history: the decision and the proposal it decided (None: written directly)."""
 
     decision: DecisionView
     proposal: ProposalView | None
 
 
-@dataclass(frozen=True, slots=True)
-class SignalRow:
+class SignalRow(Struct, frozen=True):
     """A signal and its routing (None while pending)."""
 
     signal: SignalView
@@ -75,7 +73,7 @@ async def decisions_page(engine: AsyncEngine, *, after: str | None, limit: int =
             m = row._mapping
             proposal = None
             if m["p_id"] is not None:
-                fields = {k: m[f"p_{k}"] for k in ProposalView.__dataclass_fields__ if k != "decision"}
+                fields = {k: m[f"p_{k}"] for k in ProposalView.__struct_fields__ if k != "decision"}
                 proposal = ProposalView(**fields)
             out.append(Decided(_decision_view(row), proposal))
     return keyset_page(out, limit, lambda d: (d.decision.at, d.decision.id))

@@ -8,10 +8,10 @@ columns, so page 2,000 costs what page 1 costs, at 100,000 records as at 100.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from msgspec import Struct
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -28,8 +28,7 @@ TIMELINE_LIMIT = 300
 SEARCH_WINDOW = 10_000
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryFilter:
+class MemoryFilter(Struct, frozen=True):
     """What the memory browser shows."""
 
     scope: str = ""
@@ -116,8 +115,7 @@ async def records_by_id(engine: AsyncEngine, ids: list[str]) -> dict[str, Memory
         return {v.id: v for v in (_view(r) for r in rows)}
 
 
-@dataclass(frozen=True, slots=True)
-class TimelineEntry:
+class TimelineEntry(Struct, frozen=True):
     """One step of a subject's timeline: a value it had, and the revisions that retired or restored it."""
 
     record: MemoryRecordView
@@ -178,8 +176,7 @@ async def memory_counts(engine: AsyncEngine) -> dict[str, int]:
 # ---- people and audit --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class PersonRow:
+class PersonRow(Struct, frozen=True):
     """A person on the people page."""
 
     id: str
@@ -209,8 +206,7 @@ async def people_page(engine: AsyncEngine, *, after: str | None, limit: int = PA
     return keyset_page(rows, limit, lambda p: (p.created_at, p.id))
 
 
-@dataclass(frozen=True, slots=True)
-class AuditRow:
+class AuditRow(Struct, frozen=True):
     """One admin-command audit row."""
 
     id: int
@@ -247,8 +243,7 @@ async def job_counts(engine: AsyncEngine) -> dict[str, int]:
         return {str(s): int(n) for s, n in await conn.execute(select(j.status, func.count()).group_by(j.status))}
 
 
-@dataclass(frozen=True, slots=True)
-class TurnRow:
+class TurnRow(Struct, frozen=True):
     """A stored turn explanation, with the message it answered."""
 
     id: int

@@ -10,11 +10,11 @@ operator is one, and the check is in code here as in every other action.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from msgspec import Struct
 from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
@@ -43,8 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class SopRow:
+class SopRow(Struct, frozen=True):
     """An SOP as the list shows it: its summary and what holds it now (None: nothing)."""
 
     summary: api.SopSummary
