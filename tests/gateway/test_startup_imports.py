@@ -51,24 +51,34 @@ NEVER_ON_A_PLAIN_START = (
 )
 
 
-def _loaded(tmp_path: Path, llm: str) -> set[str]:
+def _config(tmp_path: Path, llm: str = "") -> Path:
     config = tmp_path / "config.yaml"
     config.write_text(
         f"database: {{url: 'sqlite+aiosqlite:///{tmp_path / 'g.db'}'}}\n{llm}"
         "server: {dashboard_token: 'a-dashboard-token-for-tests-0123456789'}\n"
     )
+    return config
+
+
+def _python(tmp_path: Path, code: str, *args: str) -> str:
+    """Run ``python -c code args`` on this tree; its stdout."""
+    run = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+def _loaded(tmp_path: Path, llm: str) -> set[str]:
+    config = _config(tmp_path, llm)
     modules: set[str] = set()
     for _ in range(2):  # the first start migrates the new database; the second starts at head, as a restart does
-        run = subprocess.run(
-            [sys.executable, "-c", SERVE_LIKE, str(config)],
-            cwd=tmp_path,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert run.returncode == 0, run.stderr
-        modules = set(run.stdout.split())
+        modules = set(_python(tmp_path, SERVE_LIKE, str(config)).split())
     return modules
 
 
@@ -128,24 +138,11 @@ print("DATACLASSES", " ".join(sorted(made)))
 
 
 def test_serve_makes_its_value_classes_without_dataclass_code_generation(tmp_path: Path) -> None:
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        f"database: {{url: 'sqlite+aiosqlite:///{tmp_path / 'g.db'}'}}\n"
-        "server: {dashboard_token: 'a-dashboard-token-for-tests-0123456789'}\n"
-    )
     (tmp_path / "serve_like.py").write_text(SERVE_LIKE)
-    run = subprocess.run(
-        [sys.executable, "-c", COUNT_DATACLASSES, str(config), str(tmp_path / "serve_like.py")],
-        cwd=tmp_path,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
-    modules = set(run.stdout.split("DATACLASSES")[0].split())
-    assert "gateway.web.dashboard" in modules  # it did start
-    made = set(run.stdout.split("DATACLASSES", 1)[1].split())
+    out = _python(tmp_path, COUNT_DATACLASSES, str(_config(tmp_path)), str(tmp_path / "serve_like.py"))
+    modules, made_line = out.split("DATACLASSES", 1)
+    assert "gateway.web.dashboard" in modules.split()  # it did start
+    made = set(made_line.split())
     assert made - DATACLASSES_ON_A_START == set(), "use msgspec.Struct for a value class on serve's path"
 
 
