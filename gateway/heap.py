@@ -38,10 +38,17 @@ and that one collection walked about 97,000 objects, 34-59 ms each time. At four
 row's key a tuple, a second record type made from each row) the caches alone stayed
 under it, but not beside 200 turns waiting on a model (``bench/model_load.py``), whose
 own objects were about 52,000: one collection per start, 26-99 ms. Those turns now hold
-about 42,000 (their tools are made when the loop needs them, ``gateway/llm/loop.py``),
-and the young count peaked at about 81,000 in that load (``goclaw_gc_pending`` on
-``/metrics``); ``tests/gateway/test_turn.py`` holds the full caches and those turns
-under 95,000, as the collector counts them.
+about 42,000 (their tools are made when the loop needs them, ``gateway/llm/loop.py``).
+The count goes up at an object's allocation whether or not the collector tracks it, so an
+untracked object still counts; a type made without the collector's header does not. The
+decoded row (``StoredMessage``, ``gateway/hotstore/base.py``) is such a type since
+2026-12-08: the caches count one object a message (the history line), and a turn waiting
+on a model no longer counts its history's rows, which on PostgreSQL it reads afresh. In
+that load the young count now peaks at about 65,000 on SQLite and 71,000 on PostgreSQL
+(81,000 and 90,000 before; ``goclaw_gc_pending`` on ``/metrics``), and 240 waiting turns on
+PostgreSQL (97,000 before, and a collection of 38-50 ms a start) reach about 80,000.
+``tests/gateway/test_turn.py`` holds the full caches and those turns under 95,000, as the
+collector counts them, and ``tests/gateway/test_model_limit.py`` what each waiting turn holds.
 """
 
 from __future__ import annotations

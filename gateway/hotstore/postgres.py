@@ -276,7 +276,7 @@ class PostgresHotStore(HotStore):
                     await conn.execute(_ASK_REPLY, old[0])
                 new_id, resumed = old[0], True
             rows = [StoredMessage(*r) for r in await conn.fetch(_HISTORY, session_id, new_id, m.history_limit)]
-            if resumed and (not rows or rows[0][0] != new_id):
+            if resumed and (not rows or rows[0].id != new_id):
                 # Already trimmed into an archive: answer it with what is still live.
                 rows.insert(0, StoredMessage(*await conn.fetchrow(_MESSAGE_BY_ID, new_id)))
         return TurnRows(session_id, previous, new_id, rows, resumed=resumed, speaker_role=m.stored_role)

@@ -381,6 +381,41 @@ async def _rotate(engine: AsyncEngine, clock: Clock, monkeypatch: pytest.MonkeyP
             assert len(made) == sessions  # each session's new message, nothing read before
 
 
+async def test_a_history_read_holds_no_row_the_cyclic_collector_counts(engine: AsyncEngine, clock: Clock) -> None:
+    # The young collection, which stops the loop for its whole walk, starts once 100,000 more objects the
+    # collector counts are alive (gateway/heap.py). Rows a cache keeps and rows a turn holds while it waits on a
+    # model were counted tuples until 2026-12-08: on PostgreSQL, whose rows each read makes afresh, 200 turns
+    # waiting on a model took the count to 91,000-94,000, about 20,000 of them rows, and 240 ran a collection.
+    store = SessionStore(engine, clock=clock)
+    for i in range(15):
+        clock.advance(seconds=1)
+        start = await begin(store, f"m{i}", f"line {i}")
+        await reply(store, start.session_id, f"m{i}", start.stored.id, text=f"answer {i}")
+    held: list[Any] = []
+    gc.collect()
+    gc.disable()
+    try:
+        before = gc.get_count()[0]
+        for i in range(10):  # ten turns' history reads, held as ten turns waiting on a model hold them
+            clock.advance(seconds=1)
+            held.append(await begin(store, f"w{i}", f"waiting {i}"))
+        counted = (gc.get_count()[0] - before) / 10
+    finally:
+        gc.enable()
+    assert [len(s.history) for s in held] == list(range(31, 41))
+    live: list[Any] = []
+
+    def plan(session: Any, rows: list[Any]) -> None:
+        live.extend(rows)
+
+    await store._hot.trim(held[-1].session_id, plan)  # the rows a trim reads: the job process's
+    assert len(live) == 40
+    # A read's own objects (its result, its lists, the new message's) are about 18; fewer than one a row. When
+    # each of the 31-40 rows counted, PostgreSQL's reads held about 50.
+    assert counted < 31, f"{counted:.1f} objects the collector counts held by a read of 31-40 rows"
+    assert [m.text for m in [*held[-1].history, *live] if gc.is_tracked(m)] == []
+
+
 @pytest.mark.parametrize("reader", ["hot", "sqlalchemy"])
 async def test_the_role_read_sees_a_role_change_at_once(engine: AsyncEngine, reader: str) -> None:
     # The gateway reads roles on the hot store; the CLI's stores through SQLAlchemy: the same answers.
